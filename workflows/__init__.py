@@ -1,0 +1,21 @@
+"""Defining workflows: steps, the graph, validation and policies as data. Pure: no I/O."""
+
+from workflows import reducers
+from workflows._graph import Workflow
+from workflows._policies import END, NO_RETRY, Retry
+from workflows._reducers import MISSING
+from workflows._step import Step
+from workflows.errors import DefinitionError, RoutingError, WorkflowError
+
+__all__ = [
+    "END",
+    "MISSING",
+    "NO_RETRY",
+    "DefinitionError",
+    "Retry",
+    "RoutingError",
+    "Step",
+    "Workflow",
+    "WorkflowError",
+    "reducers",
+]

@@ -1,0 +1,101 @@
+"""Policies as small, frozen values: they read as data in a workflow file.
+
+Delays are computed here as pure functions of (attempt, a random number in [0, 1)); the engine
+supplies the random number from its injected source, so a replay or a test sees exact delays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from workflows.errors import DefinitionError
+
+__all__ = ["END", "Retry", "NO_RETRY"]
+
+
+class _End:
+    """The sentinel a router returns (or an edge targets) to end a branch."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "END"
+
+    def __reduce__(self) -> str:
+        return "END"
+
+
+END: Final = _End()
+#: How END is written in the journal and in graph descriptions.
+END_NAME: Final = "__end__"
+
+
+def _exception_types(value: object, option: str) -> tuple[type[BaseException], ...]:
+    if isinstance(value, type):
+        value = (value,)
+    try:
+        types = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise DefinitionError(f"Retry({option}=...) must be an exception type or a tuple of them, got {value!r}") from None
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise DefinitionError(f"Retry({option}=...) must hold exception types, got {t!r}")
+    return types
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Retry:
+    """How a failing step is retried: exponential backoff with additive jitter.
+
+    The delay before attempt ``n + 1`` is ``min(max_backoff, initial * multiplier ** (n - 1))``
+    plus ``jitter * u`` seconds, with ``u`` uniform in [0, 1). An exception is retried when it is an
+    instance of ``retry_on`` and not of ``give_up_on``.
+    """
+
+    attempts: int = 3
+    initial: float = 0.5
+    max_backoff: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.25
+    retry_on: tuple[type[BaseException], ...] = field(default=(Exception,))
+    give_up_on: tuple[type[BaseException], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
+            raise DefinitionError(f"Retry(attempts={self.attempts!r}) must be an integer >= 1")
+        for name in ("initial", "max_backoff", "jitter"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise DefinitionError(f"Retry({name}={value!r}) must be a number >= 0")
+        if not isinstance(self.multiplier, (int, float)) or self.multiplier < 1:
+            raise DefinitionError(f"Retry(multiplier={self.multiplier!r}) must be a number >= 1")
+        if self.max_backoff < self.initial:
+            raise DefinitionError(
+                f"Retry(max_backoff={self.max_backoff!r}) must not be below initial={self.initial!r}"
+            )
+        object.__setattr__(self, "retry_on", _exception_types(self.retry_on, "retry_on"))
+        object.__setattr__(self, "give_up_on", _exception_types(self.give_up_on, "give_up_on"))
+
+    def backoff(self, attempt: int, u: float) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        base = min(self.max_backoff, self.initial * self.multiplier ** max(0, attempt - 1))
+        return base + self.jitter * u
+
+    def should_retry(self, error: BaseException) -> bool:
+        return isinstance(error, self.retry_on) and not isinstance(error, self.give_up_on)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "attempts": self.attempts,
+            "initial": self.initial,
+            "max_backoff": self.max_backoff,
+            "multiplier": self.multiplier,
+            "jitter": self.jitter,
+            "retry_on": [t.__qualname__ for t in self.retry_on],
+            "give_up_on": [t.__qualname__ for t in self.give_up_on],
+        }
+
+
+#: The default: a step runs once; a failure goes to its failure route or fails the run.
+NO_RETRY: Final = Retry(attempts=1, initial=0.0, max_backoff=0.0, jitter=0.0)

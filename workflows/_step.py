@@ -1,0 +1,62 @@
+"""A step's definition: the function and its options, frozen as data."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workflows._policies import NO_RETRY, Retry
+
+__all__ = ["Step"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """One node of the graph. Options are keyword-only on ``Workflow.step``.
+
+    ``reads`` names the state fields the step depends on: the journal then records their values as
+    the step's input; without it the input is recorded by reference to the journal position the
+    state was folded at (never a full copy per step, so the journal grows linearly).
+
+    The effect options (``effect``, ``compensate``, ``check``, ``resend``, ``breaker``) describe a
+    call to the outside world; see the ``compensations`` package for what the engine does with them.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    is_async: bool
+    start: bool = False
+    retry: Retry = NO_RETRY
+    timeout: float | None = None
+    reads: tuple[str, ...] | None = None
+    max_visits: int | None = None
+    on_failure: str | None = None
+    durable_start: bool = False
+    effect: bool = False
+    compensate: Callable[..., Any] | str | None = None
+    check: Callable[..., Any] | None = None
+    resend: bool | None = None
+    breaker: str | None = None
+    description: str | None = None
+
+    @property
+    def journals_start(self) -> bool:
+        """Whether a durable StepStarted is committed before the step runs (always for effects)."""
+        return self.effect or self.durable_start
+
+    def describe(self) -> dict[str, Any]:
+        """The part of the step that belongs to the graph's identity (no function bodies)."""
+        out: dict[str, Any] = {"name": self.name}
+        if self.start:
+            out["start"] = True
+        if self.effect:
+            out["effect"] = True
+        if self.on_failure:
+            out["on_failure"] = self.on_failure
+        return out
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))

@@ -1,0 +1,32 @@
+"""Errors raised while defining a workflow or evaluating its graph.
+
+    WorkflowError             base of everything in this package
+     ├── DefinitionError      the graph or an option is invalid (raised when it is built)
+     └── RoutingError         a router returned something that is not a step, a list of steps or END
+"""
+
+from __future__ import annotations
+
+__all__ = ["WorkflowError", "DefinitionError", "RoutingError"]
+
+
+class WorkflowError(Exception):
+    """Base class for workflow definition and evaluation errors."""
+
+
+class DefinitionError(WorkflowError):
+    """The workflow definition is invalid; the message names the step or option at fault."""
+
+    def __init__(self, message: str, *, workflow: str | None = None, step: str | None = None):
+        self.workflow = workflow
+        self.step = step
+        prefix = f"workflow {workflow!r}: " if workflow else ""
+        super().__init__(prefix + message)
+
+
+class RoutingError(WorkflowError):
+    """A router returned an unknown step name or a value that is not a route."""
+
+    def __init__(self, message: str, *, step: str | None = None):
+        self.step = step
+        super().__init__(message)
