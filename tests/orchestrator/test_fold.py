@@ -1,0 +1,141 @@
+"""fold: the pure function from events to a run's state; the snapshot property (invariant 2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator import EventKind as K
+from orchestrator import RunState, apply, decode_json, fold
+from orchestrator._codec import canonical_dumps
+from workflows import Workflow, reducers
+
+STEPS = ["a", "b", "c", "d"]
+wf = Workflow("prop", reducers={"log": reducers.append, "n": reducers.add})
+reduce = wf.reduce
+
+
+def started(start: list[str], state: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    return K.RUN_STARTED, {"workflow": "prop", "input": state or {}, "start": start}
+
+
+def completed(step: str, update: dict[str, Any], nxt: list[str], join: dict[str, list[str]] | None = None):
+    data = {"step": step, "tick": 0, "attempt": 1, "input": {"state_at": 0}, "update": update, "next": nxt}
+    if join:
+        data["join"] = join
+    return K.STEP_COMPLETED, data
+
+
+def numbered(events):
+    return [(i + 1, kind, data) for i, (kind, data) in enumerate(events)]
+
+
+def test_parallel_updates_merge_in_frontier_order_not_completion_order():
+    # Given a tick with branches b and c that finish c first
+    events = numbered([
+        started(["b", "c"]),
+        completed("c", {"log": "c", "who": "c"}, []),
+        completed("b", {"log": "b", "who": "b"}, []),
+    ])
+    # When folded
+    rs = fold(events, reduce)
+    # Then updates were merged as b then c: frontier order
+    assert rs.state["log"] == ["b", "c"]
+    assert rs.state["who"] == "c"
+    assert rs.frontier == [] and rs.tick == 1
+
+
+def test_state_does_not_change_until_the_tick_completes():
+    # Given one of two branches done
+    rs = fold(numbered([started(["b", "c"], {"n": 1}), completed("b", {"n": 5}, ["d"])]), reduce)
+    # Then the state is still the tick's input and b is recorded as done
+    assert rs.state == {"n": 1}
+    assert rs.pending == ["c"]
+
+
+def test_join_waits_for_all_sources():
+    # Given a -> [b, c]; b finishes in one tick, c takes two ticks; both join into d
+    join = {"d": ["b", "c2"]}
+    events = numbered([
+        started(["a"]),
+        completed("a", {}, ["b", "c"]),
+        completed("b", {}, [], join),
+        completed("c", {}, ["c2"]),
+        completed("c2", {}, [], join),
+    ])
+    rs = fold(events[:4], reduce)
+    # Then d is not scheduled after b alone
+    assert rs.frontier == ["c2"] and rs.arrivals == {"d": ["b"]}
+    # And it is once c2 arrives
+    rs = fold(events, reduce)
+    assert rs.frontier == ["d"] and rs.arrivals == {}
+
+
+def test_failure_route_completes_the_step_and_records_the_error():
+    events = numbered([
+        started(["a"]),
+        (K.STEP_FAILED, {"step": "a", "attempt": 1, "error": {"type": "X", "message": "boom"}, "final": False}),
+        (K.STEP_FAILED, {"step": "a", "attempt": 2, "error": {"type": "X", "message": "boom"}, "final": True,
+                         "route": "b"}),
+    ])
+    rs = fold(events[:2], reduce)
+    assert rs.failures == {"a": 1}
+    rs = fold(events, reduce)
+    assert rs.frontier == ["b"]
+    assert rs.routed_errors["b"]["message"] == "boom"
+
+
+def test_a_gap_in_the_journal_is_refused():
+    rs = RunState()
+    apply(rs, 1, *started(["a"]), reduce)
+    try:
+        apply(rs, 3, *completed("a", {}, []), reduce)
+    except ValueError as exc:
+        assert "expected seq 2" in str(exc)
+    else:
+        raise AssertionError("a gap was folded")
+
+
+# -- the property -------------------------------------------------------------------------------
+values = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none())
+
+
+@st.composite
+def histories(draw):
+    """A valid event history: ticks whose steps complete in any order, with failures and joins."""
+    events = [started(draw(st.lists(st.sampled_from(STEPS), min_size=1, max_size=3, unique=True)),
+                      {"n": 0})]
+    frontier = list(events[0][1]["start"])
+    for _ in range(draw(st.integers(0, 8))):
+        if not frontier:
+            break
+        order = draw(st.permutations(frontier))
+        nxt: list[str] = []
+        for step in order:
+            for _ in range(draw(st.integers(0, 2))):
+                events.append((K.STEP_FAILED, {"step": step, "attempt": 1, "final": False,
+                                               "error": {"type": "E", "message": "x"}}))
+            update = draw(st.dictionaries(st.sampled_from(["log", "n", "k", "m"]), values, max_size=3))
+            if "n" in update and not isinstance(update["n"], int):
+                update["n"] = 1
+            targets = draw(st.lists(st.sampled_from(STEPS), max_size=2, unique=True))
+            join = {"d": ["a", "b"]} if step in ("a", "b") and draw(st.booleans()) else None
+            events.append(completed(step, update, targets, join))
+            nxt.extend(t for t in targets if t not in nxt)
+        frontier = nxt
+    return numbered(events)
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.data())
+def test_fold_of_snapshot_plus_later_events_equals_fold_of_all(events, data):
+    # Given any history and any cut point n
+    n = data.draw(st.integers(1, len(events)))
+    full = fold(events, reduce)
+    # When a snapshot is taken at n (through the journal's JSON text, as the store keeps it)
+    text = canonical_dumps(fold(events[:n], reduce).to_json())
+    restored = RunState.from_json(decode_json(text))
+    # Then folding the events after n onto it gives exactly the full fold
+    assert fold(events[n:], reduce, start=restored).to_json() == full.to_json()
