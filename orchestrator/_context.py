@@ -1,0 +1,69 @@
+"""``StepContext``: what a step gets besides the state.
+
+Time and randomness come from the Orchestrator's injected clock and random source, so tests
+(freezegun, a fake clock) and replays see exact values.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["StepContext"]
+
+_log = logging.getLogger("agentsaga.step")
+
+
+class StepContext:
+    """Passed to every step as ``ctx``.
+
+    - ``ctx.run_id``, ``ctx.workflow``, ``ctx.step``, ``ctx.attempt`` (1-based), ``ctx.tick``
+    - ``ctx.trace(message, **data)``: a reasoning-trace entry, journaled with the step's output
+    - ``ctx.now()``: the current time from the injected clock (an aware UTC datetime)
+    - ``ctx.failure``: when this step was reached through a failure route, the error that led here
+    - ``ctx.log``: a logger that tags records with the run and step
+    """
+
+    __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "log", "_trace", "_clock", "_t0")
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        step: str,
+        attempt: int,
+        tick: int,
+        clock: Callable[[], float],
+        failure: dict[str, Any] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.step = step
+        self.attempt = attempt
+        self.tick = tick
+        self.failure = failure
+        self.log = logging.LoggerAdapter(_log, {"run_id": run_id, "step": step})
+        self._trace: list[dict[str, Any]] = []
+        self._clock = clock
+        self._t0 = time.perf_counter()
+
+    def trace(self, message: str, **data: Any) -> None:
+        """Record why the step did what it did; journaled with the step's output."""
+        entry: dict[str, Any] = {"msg": str(message), "ms": round((time.perf_counter() - self._t0) * 1000, 3)}
+        if data:
+            entry["data"] = data
+        self._trace.append(entry)
+
+    def now(self) -> _dt.datetime:
+        return _dt.datetime.fromtimestamp(self._clock(), tz=_dt.timezone.utc)
+
+    @property
+    def traces(self) -> list[dict[str, Any]]:
+        return list(self._trace)
+
+    def __repr__(self) -> str:
+        return f"<StepContext run={self.run_id!r} step={self.step!r} attempt={self.attempt}>"

@@ -1,0 +1,420 @@
+"""The engine: drives one run tick by tick, journaling as it goes.
+
+Per step the cost aims at one commit (docs/guarantees.md, "cost model"): a plain step's start is
+written together with its completion (one transaction holding the output, the trace, the timings
+and the routing decision); only effects, and steps that ask for it with ``durable_start=True``,
+commit a ``StepStarted`` before they run (invariant 4). Events are applied to the live ``RunState``
+through the same ``apply`` that ``fold`` uses, from the decoded journal text, so the state in
+memory is exactly what a recovery would rebuild.
+
+Failed attempts are journaled one by one (``StepFailed`` with the delay before the next attempt),
+so the attempt count survives a crash. Retries use tenacity with the Orchestrator's injected sleep
+and random source; a step that runs once (the default policy) skips tenacity entirely, which keeps
+the common path short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_base
+
+from orchestrator import _codec as codec
+from orchestrator._context import StepContext
+from orchestrator._events import TERMINAL_STATUSES
+from orchestrator._events import EventKind as K
+from orchestrator._fold import RunState, apply, fold
+from orchestrator._leases import Heartbeat
+from orchestrator.errors import EncodingError, LoopLimitError, StepTimeoutError
+from store import FencedError, NewEvent, NewSnapshot, SnapshotRecord, Store, StoreError
+from workflows import Retry, Workflow
+from workflows.errors import RoutingError
+
+__all__ = ["Engine", "Live", "EngineConfig", "SNAPSHOT_SCHEMA"]
+
+_log = logging.getLogger("agentsaga.engine")
+
+#: Layout version of a snapshot's JSON; a snapshot of another version is skipped, never trusted.
+SNAPSHOT_SCHEMA = 1
+_TRACEBACK_LIMIT = 8000
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    snapshot_every: int
+    keep_snapshots: int
+    lease_ttl: float
+    owner: str
+    clock: Callable[[], float]
+    sleep: Callable[[float], Awaitable[None]]
+    rng: random.Random
+
+
+class Live:
+    """A run being driven by this process: its workflow, lease token and folded state."""
+
+    __slots__ = ("run_id", "wf", "token", "rs", "last_snapshot_seq")
+
+    def __init__(self, run_id: str, wf: Workflow, token: int, rs: RunState, last_snapshot_seq: int) -> None:
+        self.run_id = run_id
+        self.wf = wf
+        self.token = token
+        self.rs = rs
+        self.last_snapshot_seq = last_snapshot_seq
+
+
+class _GaveUp(Exception):
+    """A step failed for good (retries exhausted or a permanent error) and has no failure route."""
+
+    def __init__(self, step: str, error: dict[str, Any]) -> None:
+        self.step = step
+        self.error = error
+        super().__init__(f"step {step!r} failed: {error['type']}: {error['message']}")
+
+
+class _Permanent(Exception):
+    """Wraps an error that retrying cannot fix (bad output, routing, loop bound)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+
+class _PolicyWait(wait_base):
+    """tenacity wait strategy reading the step's Retry policy and the injected random source.
+
+    ``offset`` is the number of attempts journaled before this process took over, so the backoff
+    continues where a crashed process left it.
+    """
+
+    def __init__(self, policy: Retry, offset: int, rng: random.Random) -> None:
+        self.policy = policy
+        self.offset = offset
+        self.rng = rng
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.policy.backoff(self.offset + retry_state.attempt_number, self.rng.random())
+
+
+def error_info(exc: BaseException, *, with_traceback: bool = True) -> dict[str, Any]:
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
+    info: dict[str, Any] = {"type": name, "message": str(exc)}
+    if with_traceback and exc.__traceback__ is not None:
+        text = "".join(traceback.format_exception(exc))
+        info["traceback"] = text if len(text) <= _TRACEBACK_LIMIT else "...\n" + text[-_TRACEBACK_LIMIT:]
+    return info
+
+
+def snapshot_problem(snap: SnapshotRecord) -> str | None:
+    """Why a snapshot cannot be trusted, or None when it verifies (invariant 2)."""
+    if snap.schema_version != SNAPSHOT_SCHEMA:
+        return f"snapshot layout version {snap.schema_version} is not {SNAPSHOT_SCHEMA}"
+    digest = hashlib.sha256(snap.state.encode()).hexdigest()
+    if digest != snap.sha256:
+        return f"sha256 mismatch (stored {snap.sha256[:12]}..., computed {digest[:12]}...)"
+    return None
+
+
+class Engine:
+    def __init__(self, store: Store, config: EngineConfig) -> None:
+        self.store = store
+        self.cfg = config
+        self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock)
+
+    # -- journal ---------------------------------------------------------------------------------
+    def commit(self, live: Live, batch: list[tuple[str, dict[str, Any]]], *, trigger: str | None = None) -> None:
+        """Append ``batch`` in one transaction and fold it into the live state.
+
+        When the batch empties the frontier, ``RunCompleted`` joins the same transaction; a terminal
+        event sets the run's status and releases the lease in it too. A snapshot is written in the
+        same transaction every ``snapshot_every`` events and at the end of the run.
+        """
+        cfg = self.cfg
+        texts = [(kind, codec.dumps(data, what=f"{kind} event")) for kind, data in batch]
+        now = cfg.clock()
+        rs = live.rs
+        reduce = live.wf.reduce
+        events: list[NewEvent] = []
+        for kind, text in texts:
+            seq = rs.seq + 1
+            apply(rs, seq, kind, codec.loads(text), reduce)
+            events.append(NewEvent(seq=seq, kind=kind, data=text, at=now))
+        status: str | None = None
+        error: str | None = None
+        if rs.status == "running" and not rs.frontier:
+            seq = rs.seq + 1
+            apply(rs, seq, K.RUN_COMPLETED, {}, reduce)
+            events.append(NewEvent(seq=seq, kind=K.RUN_COMPLETED, data="{}", at=now))
+        if rs.status in TERMINAL_STATUSES:
+            status = rs.status
+            trigger = trigger or "final"
+            if rs.error:
+                error = f"{rs.error.get('type')}: {rs.error.get('message')}"
+        snapshot = None
+        if trigger is not None or rs.seq - live.last_snapshot_seq >= cfg.snapshot_every:
+            snapshot = self.make_snapshot(rs, trigger or "periodic", now)
+        self.store.append(
+            live.run_id,
+            events,
+            token=live.token,
+            now=now,
+            status=status,
+            error=error,
+            finished=status in TERMINAL_STATUSES,
+            snapshot=snapshot,
+            keep_snapshots=cfg.keep_snapshots if snapshot is not None else None,
+            release_lease=status in TERMINAL_STATUSES,
+        )
+        if snapshot is not None:
+            live.last_snapshot_seq = snapshot.seq
+
+    @staticmethod
+    def make_snapshot(rs: RunState, trigger: str, now: float) -> NewSnapshot:
+        text = codec.canonical_dumps(rs.to_json(), what="snapshot")
+        return NewSnapshot(
+            seq=rs.seq,
+            state=text,
+            sha256=hashlib.sha256(text.encode()).hexdigest(),
+            trigger=trigger,
+            created_at=now,
+            schema_version=SNAPSHOT_SCHEMA,
+        )
+
+    def restore(self, run_id: str, wf: Workflow) -> tuple[RunState, int, list[tuple[int, str]]]:
+        """Newest snapshot that verifies + the events after it. Returns (state, snapshot seq, rejected)."""
+        rejected: list[tuple[int, str]] = []
+        rs: RunState | None = None
+        snap_seq = 0
+        for snap in self.store.snapshots(run_id):
+            problem = snapshot_problem(snap)
+            if problem is None:
+                try:
+                    candidate = RunState.from_json(codec.loads(snap.state))
+                except (ValueError, TypeError, KeyError) as exc:
+                    problem = f"cannot decode: {exc}"
+                else:
+                    if candidate.seq != snap.seq:
+                        problem = f"snapshot says seq {candidate.seq}, stored at seq {snap.seq}"
+                    else:
+                        rs, snap_seq = candidate, snap.seq
+                        break
+            _log.warning("run %s: snapshot at seq %d skipped: %s", run_id, snap.seq, problem)
+            rejected.append((snap.seq, problem))
+        events = self.store.events(run_id, after_seq=rs.seq if rs else 0)
+        rs = fold(((e.seq, e.kind, codec.loads(e.data)) for e in events), wf.reduce, start=rs)
+        return rs, snap_seq, rejected
+
+    # -- driving ---------------------------------------------------------------------------------
+    async def drive(self, live: Live) -> RunState:
+        """Run ticks until the run ends. Raises store errors (fenced, unavailable) to the caller."""
+        hb = self.heartbeat
+        hb.hold(live.run_id, live.token)
+        try:
+            while live.rs.status == "running":
+                if hb.lost(live.run_id):
+                    raise FencedError(f"lease on run {live.run_id!r} was taken over; abandoning it")
+                pending = live.rs.pending
+                if not pending:  # a frontier that emptied without its RunCompleted being written
+                    self.commit(live, [])
+                    continue
+                if len(pending) == 1:
+                    outcomes: list[BaseException | None] = []
+                    try:
+                        await self.run_step(live, pending[0], offload=False)
+                        outcomes.append(None)
+                    except _GaveUp as gave_up:
+                        outcomes.append(gave_up)
+                else:
+                    results = await asyncio.gather(
+                        *(self.run_step(live, name, offload=True) for name in pending), return_exceptions=True
+                    )
+                    outcomes = list(results)
+                    # Anything but a step giving up (fencing, the store, cancellation) stops the drive.
+                    for outcome in outcomes:
+                        if isinstance(outcome, BaseException) and not isinstance(outcome, _GaveUp):
+                            raise outcome
+                failures = [o for o in outcomes if isinstance(o, _GaveUp)]
+                if failures:
+                    await self.on_run_failure(live, failures)
+        finally:
+            hb.drop(live.run_id)
+        return live.rs
+
+    async def on_run_failure(self, live: Live, failures: list[_GaveUp]) -> None:
+        """A step gave up with no failure route: the run fails (the saga layer compensates first)."""
+        first = failures[0]
+        self.commit(live, [(K.RUN_FAILED, {"step": first.step, "error": _summary(first.error)})])
+
+    def input_ref(self, live: Live, name: str) -> dict[str, Any]:
+        step = live.wf.steps[name]
+        if step.reads is not None:
+            state = live.rs.state
+            return {"reads": {k: state.get(k) for k in step.reads}}
+        return {"state_at": live.rs.state_seq}
+
+    async def run_step(self, live: Live, name: str, *, offload: bool) -> None:
+        """Execute one step of the current tick to completion, a failure route, or giving up."""
+        wf = live.wf
+        step = wf.steps[name]
+        rs = live.rs
+        tick = rs.tick
+        prior = rs.failures.get(name, 0)
+        bound = step.max_visits or wf.max_visits
+        if rs.visits.get(name, 0) >= bound:
+            where = "its max_visits" if step.max_visits else f"workflow {wf.name!r} max_visits"
+            self.fail_step(live, name, prior + 1, LoopLimitError(f"step {name!r} would run more than {bound} times ({where})"))
+            return
+        view = wf.view(rs.state)
+        input_ref = self.input_ref(live, name)
+        if step.journals_start:
+            self.commit(live, [(K.STEP_STARTED, {"step": name, "tick": tick, "attempt": prior + 1, "input": input_ref})])
+        attempt = prior
+        failure = rs.routed_errors.get(name)
+        clock = self.cfg.clock
+        holder: list[StepContext] = []
+
+        async def attempt_once() -> Any:
+            nonlocal attempt
+            attempt += 1
+            ctx = StepContext(run_id=live.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
+                              clock=clock, failure=failure)
+            holder[:] = [ctx]
+            return await self.call(step, ctx, view, offload)
+
+        started = time.perf_counter()
+        policy = step.retry
+        remaining = policy.attempts - prior
+        try:
+            if remaining <= 1:
+                result = await attempt_once()
+            else:
+                async def journal_retry(state: RetryCallState) -> None:
+                    exc = state.outcome.exception() if state.outcome else None
+                    delay = state.upcoming_sleep
+                    self.commit(live, [(K.STEP_FAILED, {
+                        "step": name, "tick": tick, "attempt": attempt,
+                        "error": error_info(exc) if exc else {"type": "unknown", "message": ""},
+                        "retry_in": round(delay, 6), "final": False,
+                    })])
+
+                retrying = AsyncRetrying(
+                    sleep=self.cfg.sleep,
+                    stop=stop_after_attempt(remaining),
+                    wait=_PolicyWait(policy, prior, self.cfg.rng),
+                    retry=retry_if_exception(lambda e: isinstance(e, Exception) and policy.should_retry(e)),
+                    before_sleep=journal_retry,
+                    reraise=True,
+                )
+                result = await retrying(attempt_once)
+        except (StoreError, asyncio.CancelledError):
+            raise  # the journal is unreachable or the lease is gone: stop, do not record a failure
+        except Exception as exc:
+            self.fail_step(live, name, attempt, exc)
+            return
+        ms = round((time.perf_counter() - started) * 1000, 3)
+        ctx = holder[0]
+        try:
+            update = wf.normalise_update(name, result)
+            next_steps = self.route(live, name, update)
+        except _Permanent as permanent:
+            self.fail_step(live, name, attempt, permanent.error)
+            return
+        except Exception as exc:
+            self.fail_step(live, name, attempt, exc)
+            return
+        data: dict[str, Any] = {"step": name, "tick": tick, "attempt": attempt, "input": input_ref,
+                                "update": update, "next": next_steps, "ms": ms}
+        traces = ctx.traces
+        if traces:
+            data["trace"] = traces
+        joins = wf.join_targets(name)
+        if joins:
+            data["join"] = joins
+        try:
+            self.commit(live, [(K.STEP_COMPLETED, data)])
+        except EncodingError:
+            # Say which part of the step's output is at fault, then fail the step for good.
+            try:
+                codec.dumps(update, what=f"output of step {name!r}")
+                codec.dumps(traces, what=f"trace of step {name!r}")
+                raise
+            except EncodingError as precise:
+                self.fail_step(live, name, attempt, precise)
+
+    def route(self, live: Live, name: str, update: dict[str, Any]) -> list[str]:
+        """Where the step goes next, decided now and journaled with its completion (invariant 3)."""
+        wf = live.wf
+        if name not in wf.routes and wf.state_model is None:
+            return wf.successors(name, None)
+        after = dict(live.rs.state)
+        try:
+            wf.reduce(after, codec.loads(codec.dumps(update, what=f"output of step {name!r}")))
+        except EncodingError as exc:
+            raise _Permanent(exc) from None
+        if wf.state_model is not None:
+            try:
+                wf.check_state(name, after)
+            except Exception as exc:
+                raise _Permanent(TypeError(f"step {name!r} produced an invalid state: {exc}")) from exc
+        if name not in wf.routes:
+            return wf.successors(name, None)
+        try:
+            return wf.successors(name, wf.view(after))
+        except RoutingError as exc:
+            raise _Permanent(exc) from exc
+        except Exception as exc:
+            raise _Permanent(RoutingError(f"router of step {name!r} raised {type(exc).__name__}: {exc}", step=name)) from exc
+
+    def fail_step(self, live: Live, name: str, attempt: int, exc: BaseException) -> None:
+        """Journal a final failure; follow the failure route if the step has one, else give up."""
+        step = live.wf.steps[name]
+        info = error_info(exc)
+        data: dict[str, Any] = {"step": name, "tick": live.rs.tick, "attempt": max(attempt, 1), "error": info,
+                                "retry_in": None, "final": True}
+        if step.on_failure:
+            data["route"] = step.on_failure
+            self.commit(live, [(K.STEP_FAILED, data)])
+            return
+        self.commit(live, [(K.STEP_FAILED, data)])
+        raise _GaveUp(name, info)
+
+    async def call(self, step: Any, ctx: StepContext, view: Any, offload: bool) -> Any:
+        """Call the step function: async on the loop; sync inline, or on a thread when running in
+        parallel or under a timeout (a thread cannot be stopped: a timed-out sync step is abandoned,
+        its result ignored)."""
+        timeout = step.timeout
+        if step.is_async:
+            if timeout is None:
+                return await step.fn(ctx, view)
+            return await _with_timeout(step.fn(ctx, view), timeout, step.name)
+        if timeout is None and not offload:
+            return step.fn(ctx, view)
+        job = asyncio.to_thread(step.fn, ctx, view)
+        if timeout is None:
+            return await job
+        return await _with_timeout(job, timeout, step.name)
+
+
+async def _with_timeout(awaitable: Awaitable[Any], timeout: float, name: str) -> Any:
+    try:
+        async with asyncio.timeout(timeout) as scope:
+            return await awaitable
+    except TimeoutError:
+        if scope.expired():
+            raise StepTimeoutError(f"step {name!r} timed out after {timeout:g}s") from None
+        raise
+
+
+def _summary(error: dict[str, Any]) -> dict[str, Any]:
+    return {"type": error.get("type"), "message": error.get("message")}
+

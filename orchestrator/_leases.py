@@ -1,0 +1,85 @@
+"""Lease heartbeats on a background thread.
+
+Steps may block the event loop (a sync step runs inline), so renewals cannot ride on the loop: a
+daemon thread renews every held lease every ``ttl / 3`` seconds with its own store connection. A
+renewal refused as stale marks the run lost; the driver checks that flag before each step and
+abandons the run (invariant 6). Appends are fenced by the store in any case: the flag only stops
+work early.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from store import FencedError, RunNotFoundError, Store, StoreError
+
+__all__ = ["Heartbeat"]
+
+_log = logging.getLogger("agentsaga.lease")
+
+
+class Heartbeat:
+    def __init__(self, store: Store, *, ttl: float, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._clock = clock
+        self._held: dict[str, int] = {}
+        self._lost: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def hold(self, run_id: str, token: int) -> None:
+        with self._lock:
+            self._held[run_id] = token
+            self._lost.discard(run_id)
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(target=self._loop, name="agentsaga-heartbeat", daemon=True)
+                self._thread.start()
+
+    def drop(self, run_id: str) -> None:
+        with self._lock:
+            self._held.pop(run_id, None)
+            self._lost.discard(run_id)
+
+    def lost(self, run_id: str) -> bool:
+        return run_id in self._lost
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        self._thread = None
+        self._wake.clear()
+
+    def renew_all(self) -> None:
+        """One round of renewals (the thread calls this; tests may call it directly)."""
+        with self._lock:
+            held = list(self._held.items())
+        for run_id, token in held:
+            try:
+                self._store.renew_lease(run_id, token=token, ttl=self._ttl, now=self._clock())
+            except (FencedError, RunNotFoundError) as exc:
+                _log.warning("lease on run %s lost: %s", run_id, exc)
+                with self._lock:
+                    if self._held.get(run_id) == token:
+                        self._held.pop(run_id, None)
+                        self._lost.add(run_id)
+            except StoreError as exc:  # the database is away: keep trying; appends are fenced anyway
+                _log.warning("could not renew lease on run %s: %s", run_id, exc)
+
+    def _loop(self) -> None:
+        interval = max(self._ttl / 3.0, 0.05)
+        while not self._stopping:
+            if self._wake.wait(interval):
+                break
+            with self._lock:
+                if not self._held:
+                    continue
+            self.renew_all()

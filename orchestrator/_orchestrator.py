@@ -1,0 +1,358 @@
+"""``Orchestrator``: the entry point users see (run, start, resume, recover, cancel, and async twins)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any, TypeVar
+
+from orchestrator import _codec as codec
+from orchestrator._engine import Engine, EngineConfig, Live
+from orchestrator._events import ACTIVE_STATUSES, TERMINAL_STATUSES
+from orchestrator._events import EventKind as K
+from orchestrator._fold import RunState, fold
+from orchestrator._graphdiff import graph_differences
+from orchestrator._loader import load_target, target_of
+from orchestrator._result import RunResult
+from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError, WorkflowNotFoundError
+from store import DuplicateRunError, NewEvent, RunRecord, Store, open_store
+from workflows import Workflow
+
+__all__ = ["Orchestrator"]
+
+_log = logging.getLogger("agentsaga")
+T = TypeVar("T")
+
+
+def _default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Orchestrator:
+    """Runs workflows durably against a store.
+
+    ``url`` is a database URL (``sqlite:///file.db``, ``postgresql://...``); without it,
+    ``AGENTSAGA_DB`` or a SQLite file in the working directory. Options (keyword-only):
+
+    - ``snapshot_every`` (100): write a snapshot every N events (and at the end of a run)
+    - ``keep_snapshots`` (3): snapshots kept per run; older ones are pruned in the same transaction
+    - ``lease_ttl`` (30 s): how long a lease lasts without a heartbeat; renewed every ttl/3
+    - ``allow_graph_change`` (False): let ``resume`` continue a run whose graph or version changed
+    - ``clock`` / ``sleep`` / ``rng``: injected time (epoch seconds), async sleep and randomness
+    - ``store``: an already opened ``Store`` (then ``url`` and ``store_options`` are ignored)
+    - ``store_options``: passed to ``store.open_store`` (e.g. ``sqlite_synchronous="NORMAL"``)
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        workflows: Iterable[Workflow] = (),
+        snapshot_every: int = 100,
+        keep_snapshots: int = 3,
+        lease_ttl: float = 30.0,
+        allow_graph_change: bool = False,
+        owner: str | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        rng: random.Random | None = None,
+        store: Store | None = None,
+        store_options: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(snapshot_every, int) or snapshot_every < 1:
+            raise ConfigurationError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
+        if not isinstance(keep_snapshots, int) or keep_snapshots < 1:
+            raise ConfigurationError(f"keep_snapshots must be an integer >= 1, got {keep_snapshots!r}")
+        if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
+            raise ConfigurationError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
+        self._workflows: dict[str, Workflow] = {}
+        for wf in workflows:
+            self.register(wf)
+        self.store = store if store is not None else open_store(url, **(store_options or {}))
+        self._owns_store = store is None
+        self.allow_graph_change = allow_graph_change
+        self.engine = Engine(
+            self.store,
+            EngineConfig(
+                snapshot_every=snapshot_every,
+                keep_snapshots=keep_snapshots,
+                lease_ttl=float(lease_ttl),
+                owner=owner or _default_owner(),
+                clock=clock or (lambda: time.time()),
+                sleep=sleep or asyncio.sleep,
+                rng=rng or random.Random(),
+            ),
+        )
+
+    # -- setup -----------------------------------------------------------------------------------
+    @property
+    def owner(self) -> str:
+        return self.engine.cfg.owner
+
+    def register(self, *workflows: Workflow) -> None:
+        """Make workflows known by name (validated now: a bad graph fails here, not mid-run)."""
+        for wf in workflows:
+            if not isinstance(wf, Workflow):
+                raise ConfigurationError(f"workflows must be Workflow objects, got {wf!r}")
+            wf.validate()
+            known = self._workflows.get(wf.name)
+            if known is not None and known is not wf:
+                raise ConfigurationError(f"two different workflows are named {wf.name!r}")
+            self._workflows[wf.name] = wf
+
+    def close(self) -> None:
+        self.engine.heartbeat.stop()
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Orchestrator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sync API (each a thin wrapper over its async twin) -------------------------------------
+    def run(self, workflow: Workflow, input: Any = None, *, run_id: str | None = None) -> RunResult:
+        """Start a run and drive it to the end. An existing ``run_id`` of the same workflow is
+        continued instead of started twice (a start is exactly-once per id)."""
+        return _sync(self.arun(workflow, input, run_id=run_id))
+
+    def start(self, workflow: Workflow, input: Any = None, *, run_id: str | None = None) -> str:
+        """Journal a new run as pending without driving it; ``resume`` or ``recover`` drives it."""
+        return _sync(self.astart(workflow, input, run_id=run_id))
+
+    def resume(self, run_id: str, *, allow_graph_change: bool | None = None) -> RunResult:
+        """Continue an interrupted run now, taking its lease over (a previous owner is fenced out).
+        A finished run just returns its result."""
+        return _sync(self.aresume(run_id, allow_graph_change=allow_graph_change))
+
+    def recover(self, *, limit: int | None = None) -> list[RunResult]:
+        """Resume every interrupted run whose lease has expired (or that was never leased)."""
+        return _sync(self.arecover(limit=limit))
+
+    def cancel(self, run_id: str, *, reason: str | None = None) -> RunResult:
+        """Cancel a run that has not finished; a process still driving it is fenced out."""
+        return _sync(self.acancel(run_id, reason=reason))
+
+    # -- async API -------------------------------------------------------------------------------
+    async def arun(self, workflow: Workflow, input: Any = None, *, run_id: str | None = None) -> RunResult:
+        live = self._create(workflow, input, run_id=run_id, lease=True)
+        if live is None:  # the id exists: continue that run (never start it twice)
+            assert run_id is not None
+            return await self._continue(run_id, force=False, allow=None)
+        await self.engine.drive(live)
+        return self._result(live.run_id, live.wf, live.rs)
+
+    async def astart(self, workflow: Workflow, input: Any = None, *, run_id: str | None = None) -> str:
+        live = self._create(workflow, input, run_id=run_id, lease=False)
+        if live is None:
+            raise RunStateError(f"run {run_id!r} already exists")
+        return live.run_id
+
+    async def aresume(self, run_id: str, *, allow_graph_change: bool | None = None) -> RunResult:
+        return await self._continue(run_id, force=True, allow=allow_graph_change)
+
+    async def arecover(self, *, limit: int | None = None) -> list[RunResult]:
+        results: list[RunResult] = []
+        cfg = self.engine.cfg
+        while limit is None or len(results) < limit:
+            claimed = self.store.claim_runs(owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                            statuses=ACTIVE_STATUSES, limit=1)
+            if not claimed:
+                break
+            run_id, token = claimed[0]
+            try:
+                results.append(await self._drive_claimed(run_id, token, allow=None))
+            except (WorkflowNotFoundError, GraphChangedError) as exc:
+                # Leave the run for a process that has its code; say why, do not fail it.
+                _log.error("recover: run %s skipped: %s", run_id, exc)
+                self.store.release_lease(run_id, token=token, now=cfg.clock())
+                rec = self.store.get_run(run_id)
+                results.append(RunResult(run_id=run_id, status=rec.status, state=None, workflow=rec.workflow,
+                                         seq=self.store.last_seq(run_id), error=str(exc)))
+                if limit is None:
+                    limit = len(results) + 1000  # do not spin on the same unrunnable run
+        return results
+
+    async def acancel(self, run_id: str, *, reason: str | None = None) -> RunResult:
+        rec = self.store.get_run(run_id)
+        if rec.status in TERMINAL_STATUSES:
+            raise RunStateError(f"run {run_id!r} is already {rec.status}; nothing to cancel")
+        wf = self._workflow_for(rec)
+        cfg = self.engine.cfg
+        token = self.store.acquire_lease(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(), force=True)
+        rs, snap_seq, _ = self.engine.restore(run_id, wf)
+        live = Live(run_id, wf, token, rs, snap_seq)
+        self.engine.commit(live, [(K.RUN_CANCELLED, {"reason": reason or "cancelled by request", "by": cfg.owner})])
+        return self._result(run_id, wf, live.rs)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def result(self, run_id: str) -> RunResult:
+        """The run's current status and folded state, without driving it."""
+        rec = self.store.get_run(run_id)
+        wf = self._workflow_for(rec, required=False)
+        rs, _, _ = self.engine.restore(run_id, wf) if wf else self._fold_plain(run_id)
+        return self._result(run_id, wf, rs, status=rec.status)
+
+    def get_run(self, run_id: str) -> RunRecord:
+        return self.store.get_run(run_id)
+
+    def list_runs(self, *, status: str | Sequence[str] | None = None, workflow: str | None = None,
+                  since: float | None = None, until: float | None = None, limit: int = 100) -> list[RunRecord]:
+        return self.store.list_runs(status=status, workflow=workflow, since=since, until=until, limit=limit)
+
+    def history(self, run_id: str) -> list[dict[str, Any]]:
+        """Every event of the run in order: ``{"seq", "kind", "at", "data"}`` with data decoded."""
+        self.store.get_run(run_id)
+        return [{"seq": e.seq, "kind": e.kind, "at": e.at, "data": codec.loads(e.data)} for e in self.store.events(run_id)]
+
+    # -- internals -------------------------------------------------------------------------------
+    def _create(self, workflow: Workflow, input: Any, *, run_id: str | None, lease: bool) -> Live | None:
+        self.register(workflow)
+        wf = workflow
+        if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
+            raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")
+        rid = run_id or uuid.uuid4().hex
+        initial = wf.initial_state(input)
+        data = {
+            "workflow": wf.name,
+            "version": wf.version,
+            "fingerprint": wf.fingerprint,
+            "graph": wf.describe(),
+            "target": target_of(wf),
+            "input": initial,
+            "start": wf.start_steps,
+        }
+        text = codec.dumps(data, what=f"input of workflow {wf.name!r}")
+        cfg = self.engine.cfg
+        now = cfg.clock()
+        try:
+            token = self.store.create_run(
+                run_id=rid, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
+                target=data["target"], created_at=now, status="running" if lease else "pending",
+                events=[NewEvent(seq=1, kind=K.RUN_STARTED, data=text, at=now)],
+                lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
+            )
+        except DuplicateRunError:
+            if run_id is None:
+                raise
+            existing = self.store.get_run(run_id)
+            if existing.workflow != wf.name:
+                raise RunStateError(
+                    f"run {run_id!r} already exists for workflow {existing.workflow!r}, not {wf.name!r}"
+                ) from None
+            return None
+        rs = fold([(1, K.RUN_STARTED, codec.loads(text))], wf.reduce)
+        return Live(rid, wf, token, rs, 0)
+
+    async def _continue(self, run_id: str, *, force: bool, allow: bool | None) -> RunResult:
+        rec = self.store.get_run(run_id)
+        if rec.status in TERMINAL_STATUSES:
+            return self.result(run_id)
+        wf = self._workflow_for(rec)
+        self._check_graph(rec, wf, allow)
+        cfg = self.engine.cfg
+        token = self.store.acquire_lease(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                         force=force, status="running")
+        return await self._drive_claimed(run_id, token, allow=allow, workflow=wf)
+
+    async def _drive_claimed(self, run_id: str, token: int, *, allow: bool | None,
+                             workflow: Workflow | None = None) -> RunResult:
+        rec = self.store.get_run(run_id)
+        wf = workflow or self._workflow_for(rec)
+        if workflow is None:
+            self._check_graph(rec, wf, allow)
+        rs, snap_seq, rejected = self.engine.restore(run_id, wf)
+        live = Live(run_id, wf, token, rs, snap_seq)
+        missing = [s for s in {*rs.frontier, *rs.done, *rs.visits} if s not in wf.steps]
+        if missing:
+            raise GraphChangedError(
+                f"run {run_id!r} journaled step(s) {sorted(missing)} that workflow {wf.name!r} no longer has",
+                differences=[f"step {s!r} removed" for s in sorted(missing)],
+            )
+        batch: list[tuple[str, dict[str, Any]]] = [
+            (K.SNAPSHOT_REJECTED, {"seq": seq, "reason": why}) for seq, why in rejected
+        ]
+        batch.append((K.RESUMED, {"owner": self.engine.cfg.owner, "token": token, "snapshot_seq": snap_seq,
+                                  "replayed": rs.seq - snap_seq}))
+        self.engine.commit(live, batch)
+        await self.engine.drive(live)
+        return self._result(run_id, wf, live.rs)
+
+    def _workflow_for(self, rec: RunRecord, *, required: bool = True) -> Workflow | None:
+        wf = self._workflows.get(rec.workflow)
+        if wf is not None:
+            return wf
+        if rec.target:
+            try:
+                loaded = load_target(rec.target)
+            except WorkflowNotFoundError:
+                if required:
+                    raise
+                return None
+            if loaded.name != rec.workflow:
+                if required:
+                    raise WorkflowNotFoundError(
+                        f"target {rec.target!r} of run {rec.run_id!r} is workflow {loaded.name!r}, not {rec.workflow!r}"
+                    )
+                return None
+            self.register(loaded)
+            return loaded
+        if required:
+            raise WorkflowNotFoundError(
+                f"workflow {rec.workflow!r} of run {rec.run_id!r} is not registered and the run records no import "
+                "target; pass it with Orchestrator(workflows=[...])"
+            )
+        return None
+
+    def _check_graph(self, rec: RunRecord, wf: Workflow, allow: bool | None) -> None:
+        if rec.fingerprint == wf.fingerprint and rec.version == wf.version:
+            return
+        first = self.store.events(rec.run_id, after_seq=0, until_seq=1)
+        old_graph = codec.loads(first[0].data).get("graph", {}) if first else {}
+        diffs = graph_differences(old_graph, wf.describe())
+        if rec.version != wf.version:
+            diffs.insert(0, f"version {rec.version!r} -> {wf.version!r}")
+        allowed = self.allow_graph_change if allow is None else allow
+        if not allowed:
+            raise GraphChangedError(
+                f"run {rec.run_id!r} started with a different definition of workflow {wf.name!r}: "
+                + "; ".join(diffs or ["graph fingerprint differs"])
+                + ". If the change is compatible, resume with allow_graph_change=True (--allow-graph-change).",
+                differences=diffs,
+            )
+        _log.warning("run %s continues under a changed graph: %s", rec.run_id, "; ".join(diffs))
+
+    def _fold_plain(self, run_id: str) -> tuple[RunState, int, list[Any]]:
+        events = self.store.events(run_id)
+        return fold((e.seq, e.kind, codec.loads(e.data)) for e in events), 0, []
+
+    def _result(self, run_id: str, wf: Workflow | None, rs: RunState, *, status: str | None = None) -> RunResult:
+        state: Any = rs.state
+        if wf is not None and wf.state_model is not None:
+            try:
+                state = wf.view(rs.state)
+            except Exception:  # a state that no longer validates is still shown, as a dict
+                state = dict(rs.state)
+        error = None
+        if rs.error:
+            error = f"{rs.error.get('type')}: {rs.error.get('message')}"
+        return RunResult(run_id=run_id, status=status or rs.status, state=state,
+                         workflow=wf.name if wf else "", seq=rs.seq, error=error)
+
+
+def _sync(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError("called the sync Orchestrator API inside a running event loop; use the a-prefixed twin "
+                       "(await orc.arun(...), orc.aresume(...), ...)")

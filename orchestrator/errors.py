@@ -1,0 +1,124 @@
+"""Errors raised by the engine. Store errors (``RunNotFoundError``, ``FencedError``, ...) come from
+``store.errors`` and are re-exported by ``orchestrator``; workflow definition errors from
+``workflows.errors``.
+
+    OrchestratorError            base of the engine's errors
+     ├── ConfigurationError      an Orchestrator option is invalid
+     ├── WorkflowNotFoundError   the run's workflow is not registered and its target cannot be imported
+     ├── GraphChangedError       the workflow's graph or version differs from the one the run started with
+     ├── EncodingError           a value cannot be journaled as JSON (names where it is and its type)
+     ├── StepTimeoutError        a step ran longer than its timeout
+     ├── LoopLimitError          a step would run more often than its max_visits bound
+     ├── RunStateError           the run's status does not allow the operation (e.g. cancel a finished run)
+     ├── RunFailedError          raised by ``RunResult.raise_for_status()`` for a run that did not complete
+     ├── InDoubtError            an effect may or may not have happened and can be neither checked nor re-sent
+     └── ToolError               a call to the outside world failed
+          ├── RetryableToolError connect error, timeout, 429 or 5xx: worth retrying (carries retry_after)
+          ├── PermanentToolError another 4xx, or an auth failure: retrying will not help
+          └── CircuitOpenError   the breaker guarding the tool is open: failing fast
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "OrchestratorError",
+    "ConfigurationError",
+    "WorkflowNotFoundError",
+    "GraphChangedError",
+    "EncodingError",
+    "StepTimeoutError",
+    "LoopLimitError",
+    "RunStateError",
+    "RunFailedError",
+    "InDoubtError",
+    "ToolError",
+    "RetryableToolError",
+    "PermanentToolError",
+    "CircuitOpenError",
+]
+
+
+class OrchestratorError(Exception):
+    """Base class for engine errors."""
+
+
+class ConfigurationError(OrchestratorError):
+    """An Orchestrator option is invalid."""
+
+
+class WorkflowNotFoundError(OrchestratorError):
+    """The run's workflow is not registered with this Orchestrator and its target cannot be imported."""
+
+
+class GraphChangedError(OrchestratorError):
+    """The workflow's graph or version differs from the run's; the message lists the differences."""
+
+    def __init__(self, message: str, *, differences: list[str] | None = None):
+        self.differences = differences or []
+        super().__init__(message)
+
+
+class EncodingError(OrchestratorError):
+    """A value cannot be journaled as JSON; the message names the step, the path and the type."""
+
+    def __init__(self, message: str, *, path: str | None = None, type_name: str | None = None):
+        self.path = path
+        self.type_name = type_name
+        super().__init__(message)
+
+
+class StepTimeoutError(OrchestratorError):
+    """A step ran longer than its ``timeout``."""
+
+
+class LoopLimitError(OrchestratorError):
+    """A step would run more often than its ``max_visits`` bound."""
+
+
+class RunStateError(OrchestratorError):
+    """The run's status does not allow the operation."""
+
+
+class RunFailedError(OrchestratorError):
+    """The run ended without completing (``RunResult.raise_for_status``)."""
+
+    def __init__(self, message: str, *, run_id: str, status: str):
+        self.run_id = run_id
+        self.status = status
+        super().__init__(message)
+
+
+class InDoubtError(OrchestratorError):
+    """An effect's intent was journaled but not its result, and it has no ``check`` hook and does
+    not declare its idempotency key honoured, so it can be neither checked nor safely re-sent."""
+
+
+class ToolError(OrchestratorError):
+    """A call to the outside world failed. ``tool`` names it (a breaker name, a host, a tool)."""
+
+    def __init__(self, message: str, *, tool: str | None = None, status: int | None = None) -> None:
+        self.tool = tool
+        self.status = status
+        super().__init__(message)
+
+
+class RetryableToolError(ToolError):
+    """Connect error, timeout, 429 or 5xx: worth retrying; ``retry_after`` (seconds) if the server said."""
+
+    def __init__(self, message: str, *, tool: str | None = None, status: int | None = None,
+                 retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, tool=tool, status=status)
+
+
+class PermanentToolError(ToolError):
+    """A 4xx other than 429 (including 401/403): retrying will not help."""
+
+
+class CircuitOpenError(ToolError):
+    """The breaker guarding this tool is open: the call failed fast without leaving the process.
+    ``retry_at`` is when the breaker will let a probe through (epoch seconds)."""
+
+    def __init__(self, message: str, *, tool: str | None = None, retry_at: float | None = None) -> None:
+        self.retry_at = retry_at
+        super().__init__(message, tool=tool)
