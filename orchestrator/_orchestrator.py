@@ -236,7 +236,7 @@ class Orchestrator:
         try:
             token = self.store.create_run(
                 run_id=rid, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
-                target=data["target"], created_at=now, status="running" if lease else "pending",
+                target=data["target"] or "", created_at=now, status="running" if lease else "pending",
                 events=[NewEvent(seq=1, kind=K.RUN_STARTED, data=text, at=now)],
                 lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
             )
