@@ -24,10 +24,13 @@ class StepContext:
     - ``ctx.trace(message, **data)``: a reasoning-trace entry, journaled with the step's output
     - ``ctx.now()``: the current time from the injected clock (an aware UTC datetime)
     - ``ctx.failure``: when this step was reached through a failure route, the error that led here
+    - ``ctx.idempotency_key``: for an effect (and a compensation), a key stable across retries and
+      recoveries: send it to the outside world so a re-sent call is recognised (None otherwise)
     - ``ctx.log``: a logger that tags records with the run and step
     """
 
-    __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "log", "_trace", "_clock", "_t0")
+    __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "idempotency_key", "log", "_trace",
+                 "_clock", "_t0")
 
     def __init__(
         self,
@@ -39,6 +42,7 @@ class StepContext:
         tick: int,
         clock: Callable[[], float],
         failure: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -46,6 +50,7 @@ class StepContext:
         self.attempt = attempt
         self.tick = tick
         self.failure = failure
+        self.idempotency_key = idempotency_key
         self.log = logging.LoggerAdapter(_log, {"run_id": run_id, "step": step})
         self._trace: list[dict[str, Any]] = []
         self._clock = clock

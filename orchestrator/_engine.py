@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 import random
 import time
@@ -34,7 +35,9 @@ from orchestrator._events import TERMINAL_STATUSES
 from orchestrator._events import EventKind as K
 from orchestrator._fold import RunState, apply, fold
 from orchestrator._leases import Heartbeat
-from orchestrator.errors import EncodingError, LoopLimitError, StepTimeoutError
+from orchestrator._saga import Saga, SagaKind, has_pending_effects
+from compensations import Compensations, resolve_check, resolve_compensation
+from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError, RetryableToolError, StepTimeoutError
 from store import FencedError, NewEvent, NewSnapshot, SnapshotRecord, Store, StoreError
 from workflows import Retry, Workflow
 from workflows.errors import RoutingError
@@ -102,7 +105,11 @@ class _PolicyWait(wait_base):
         self.rng = rng
 
     def __call__(self, retry_state: RetryCallState) -> float:
-        return self.policy.backoff(self.offset + retry_state.attempt_number, self.rng.random())
+        delay = self.policy.backoff(self.offset + retry_state.attempt_number, self.rng.random())
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(error, RetryableToolError) and error.retry_after is not None:
+            delay = max(delay, error.retry_after)  # the server said when: never call back sooner
+        return delay
 
 
 def error_info(exc: BaseException, *, with_traceback: bool = True) -> dict[str, Any]:
@@ -126,10 +133,12 @@ def snapshot_problem(snap: SnapshotRecord) -> str | None:
 
 
 class Engine:
-    def __init__(self, store: Store, config: EngineConfig) -> None:
+    def __init__(self, store: Store, config: EngineConfig, *, registry: Compensations | None = None) -> None:
         self.store = store
         self.cfg = config
+        self.registry = registry
         self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock)
+        self.saga = Saga(self, registry)
 
     # -- journal ---------------------------------------------------------------------------------
     def commit(self, live: Live, batch: list[tuple[str, dict[str, Any]]], *, trigger: str | None = None) -> None:
@@ -144,6 +153,7 @@ class Engine:
         now = cfg.clock()
         rs = live.rs
         reduce = live.wf.reduce
+        before = rs.status
         events: list[NewEvent] = []
         for kind, text in texts:
             seq = rs.seq + 1
@@ -155,6 +165,8 @@ class Engine:
             seq = rs.seq + 1
             apply(rs, seq, K.RUN_COMPLETED, {}, reduce)
             events.append(NewEvent(seq=seq, kind=K.RUN_COMPLETED, data="{}", at=now))
+        if rs.status != before:
+            status = rs.status  # the run row follows the journal's status in the same transaction
         if rs.status in TERMINAL_STATUSES:
             status = rs.status
             trigger = trigger or "final"
@@ -220,9 +232,12 @@ class Engine:
         hb = self.heartbeat
         hb.hold(live.run_id, live.token)
         try:
-            while live.rs.status == "running":
+            while live.rs.status in ("running", "compensating"):
                 if hb.lost(live.run_id):
                     raise FencedError(f"lease on run {live.run_id!r} was taken over; abandoning it")
+                if live.rs.status == "compensating":
+                    await self.saga.run(live)
+                    continue
                 pending = live.rs.pending
                 if not pending:  # a frontier that emptied without its RunCompleted being written
                     self.commit(live, [])
@@ -253,6 +268,10 @@ class Engine:
     async def on_run_failure(self, live: Live, failures: list[_GaveUp]) -> None:
         """A step gave up with no failure route: the run fails (the saga layer compensates first)."""
         first = failures[0]
+        if has_pending_effects(live.rs):
+            self.commit(live, [(SagaKind.SAGA_STARTED, {"reason": "failure", "after_seq": 0, "step": first.step,
+                                                         "error": _summary(first.error)})])
+            return  # drive() runs the saga next, so a crash from here on resumes it
         self.commit(live, [(K.RUN_FAILED, {"step": first.step, "error": _summary(first.error)})])
 
     def input_ref(self, live: Live, name: str) -> dict[str, Any]:
@@ -276,18 +295,27 @@ class Engine:
             return
         view = wf.view(rs.state)
         input_ref = self.input_ref(live, name)
-        if step.journals_start:
-            self.commit(live, [(K.STEP_STARTED, {"step": name, "tick": tick, "attempt": prior + 1, "input": input_ref})])
-        attempt = prior
-        failure = rs.routed_errors.get(name)
+        key = self.idempotency_key(live, name) if step.effect else None
         clock = self.cfg.clock
+        failure = rs.routed_errors.get(name)
+        if step.effect and name in rs.in_flight:
+            # Invariant 4: the intent is journaled but not the outcome. Never a blind duplicate.
+            settled = await self.reconcile(live, name, view, key)
+            if settled:
+                return
+        if step.journals_start:
+            started: dict[str, Any] = {"step": name, "tick": tick, "attempt": prior + 1, "input": input_ref}
+            if key is not None:
+                started["key"] = key
+            self.commit(live, [(K.STEP_STARTED, started)])
+        attempt = prior
         holder: list[StepContext] = []
 
         async def attempt_once() -> Any:
             nonlocal attempt
             attempt += 1
             ctx = StepContext(run_id=live.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
-                              clock=clock, failure=failure)
+                              clock=clock, failure=failure, idempotency_key=key)
             holder[:] = [ctx]
             return await self.call(step, ctx, view, offload)
 
@@ -340,6 +368,10 @@ class Engine:
         joins = wf.join_targets(name)
         if joins:
             data["join"] = joins
+        if step.effect:
+            data["effect"] = True
+            data["key"] = key
+            data["compensable"] = resolve_compensation(step, self.registry) is not None
         try:
             self.commit(live, [(K.STEP_COMPLETED, data)])
         except EncodingError:
@@ -350,6 +382,48 @@ class Engine:
                 raise
             except EncodingError as precise:
                 self.fail_step(live, name, attempt, precise)
+
+    def idempotency_key(self, live: Live, name: str) -> str:
+        """(run, step, tick[, rollback epoch]): stable across retries and recoveries of one execution,
+        different for each loop iteration and after a rollback."""
+        base = f"{live.run_id}:{name}:{live.rs.tick}"
+        return base if live.rs.epoch == 0 else f"{base}:{live.rs.epoch}"
+
+    async def reconcile(self, live: Live, name: str, view: Any, key: str | None) -> bool:
+        """Settle an effect left in doubt by a crash. True when it was found done (and journaled).
+
+        With a check hook, ask it: it returns the step's update if the effect happened, None if not
+        (then the step is re-sent with the same key). Without one, a step that declares its key
+        honoured (``resend=True``, the default) is re-sent with the same key; ``resend=False``
+        fails the step with ``InDoubtError``.
+        """
+        step = live.wf.steps[name]
+        check = resolve_check(step, self.registry)
+        if check is not None:
+            ctx = StepContext(run_id=live.run_id, workflow=live.wf.name, step=name, attempt=live.rs.failures.get(name, 0) + 1,
+                              tick=live.rs.tick, clock=self.cfg.clock, idempotency_key=key)
+            found = check(ctx, view)
+            if inspect.isawaitable(found):
+                found = await found
+            if found is None:
+                return False
+            update = live.wf.normalise_update(name, found)
+            data: dict[str, Any] = {
+                "step": name, "tick": live.rs.tick, "attempt": ctx.attempt, "input": self.input_ref(live, name),
+                "update": update, "next": self.route(live, name, update), "ms": 0.0, "reconciled": "check",
+                "effect": True, "key": key, "compensable": resolve_compensation(step, self.registry) is not None,
+            }
+            joins = live.wf.join_targets(name)
+            if joins:
+                data["join"] = joins
+            self.commit(live, [(K.STEP_COMPLETED, data)])
+            return True
+        if step.resend is False:
+            self.fail_step(live, name, live.rs.failures.get(name, 0) + 1, InDoubtError(
+                f"effect step {name!r} (key {key!r}) may or may not have happened: it has no check hook and "
+                "resend=False, so it is not sent again"))
+            return True
+        return False
 
     def route(self, live: Live, name: str, update: dict[str, Any]) -> list[str]:
         """Where the step goes next, decided now and journaled with its completion (invariant 3)."""

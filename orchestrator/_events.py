@@ -26,4 +26,4 @@ class EventKind:
 #: A run in one of these never runs a step again.
 TERMINAL_STATUSES: Final = frozenset({"completed", "failed", "cancelled", "compensated", "compensation_failed"})
 #: Runs that recovery may pick up (once their lease is free or expired).
-ACTIVE_STATUSES: Final = ("pending", "running")
+ACTIVE_STATUSES: Final = ("pending", "running", "compensating")

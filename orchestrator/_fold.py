@@ -51,6 +51,12 @@ class RunState:
     #: durable starts not yet completed (effects in doubt after a crash): step -> StepStarted data
     in_flight: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: dict[str, Any] | None = None
+    #: completed effects, oldest first (see compensations.EffectRecord for the fields)
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    #: the saga in progress (reason, after_seq, error, ...), or None
+    saga: dict[str, Any] | None = None
+    #: incremented by each rollback, so effects re-made after one get fresh idempotency keys
+    epoch: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +73,9 @@ class RunState:
             "routed_errors": self.routed_errors,
             "in_flight": self.in_flight,
             "error": self.error,
+            "effects": self.effects,
+            "saga": self.saga,
+            "epoch": self.epoch,
         }
 
     @classmethod
@@ -96,6 +105,12 @@ def _step_started(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduc
 
 def _step_completed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
+    if data.get("effect"):
+        rs.effects.append({
+            "seq": seq, "step": step, "tick": rs.tick, "branch": rs.frontier.index(step) if step in rs.frontier else 0,
+            "call": -1, "name": step, "key": data["key"], "result": data["update"],
+            "compensable": bool(data.get("compensable")), "compensated": False, "attempts": 0,
+        })
     rs.done[step] = {"update": data["update"], "next": list(data["next"]), "join": data.get("join")}
     rs.failures.pop(step, None)
     rs.in_flight.pop(step, None)

@@ -22,6 +22,8 @@ from orchestrator._graphdiff import graph_differences
 from orchestrator._loader import load_target, target_of
 from orchestrator._result import RunResult
 from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError, WorkflowNotFoundError
+from compensations import Compensations
+from orchestrator._saga import SagaKind, has_pending_effects
 from store import DuplicateRunError, NewEvent, RunRecord, Store, open_store
 from workflows import Workflow
 
@@ -48,6 +50,8 @@ class Orchestrator:
     - ``clock`` / ``sleep`` / ``rng``: injected time (epoch seconds), async sleep and randomness
     - ``store``: an already opened ``Store`` (then ``url`` and ``store_options`` are ignored)
     - ``store_options``: passed to ``store.open_store`` (e.g. ``sqlite_synchronous="NORMAL"``)
+    - ``compensations``: a ``compensations.Compensations`` registry (compensations and check hooks
+      keyed by effect name), for effects that do not carry their own
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class Orchestrator:
         rng: random.Random | None = None,
         store: Store | None = None,
         store_options: dict[str, Any] | None = None,
+        compensations: Compensations | None = None,
     ) -> None:
         if not isinstance(snapshot_every, int) or snapshot_every < 1:
             raise ConfigurationError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
@@ -89,6 +94,7 @@ class Orchestrator:
                 sleep=sleep or asyncio.sleep,
                 rng=rng or random.Random(),
             ),
+            registry=compensations,
         )
 
     # -- setup -----------------------------------------------------------------------------------
@@ -137,9 +143,26 @@ class Orchestrator:
         """Resume every interrupted run whose lease has expired (or that was never leased)."""
         return _sync(self.arecover(limit=limit))
 
-    def cancel(self, run_id: str, *, reason: str | None = None) -> RunResult:
-        """Cancel a run that has not finished; a process still driving it is fenced out."""
-        return _sync(self.acancel(run_id, reason=reason))
+    def cancel(self, run_id: str, *, reason: str | None = None, compensate: bool = False) -> RunResult:
+        """Cancel a run that has not finished; a process still driving it is fenced out. With
+        ``compensate=True`` its completed effects are undone first, newest first."""
+        return _sync(self.acancel(run_id, reason=reason, compensate=compensate))
+
+    def compensate(self, run_id: str) -> RunResult:
+        """Retry the remaining compensations of a run left ``compensation_failed``."""
+        return _sync(self.acompensate(run_id))
+
+    def rollback(self, run_id: str, *, to: int | str, input: dict[str, Any] | None = None,
+                 next_step: str | None = None) -> RunResult:
+        """Roll a run back to a checkpoint and continue it from there.
+
+        ``to`` is a journal seq at a tick boundary (a snapshot's seq, say) or a step name (the state
+        just before that step's latest execution). The effects recorded after that point are
+        compensated, newest first; a ``RolledBack`` event makes the checkpoint's state current
+        (history is not rewritten); ``input`` is merged into that state and ``next_step`` forces
+        where the run goes next. Then the run is driven to its end.
+        """
+        return _sync(self.arollback(run_id, to=to, input=input, next_step=next_step))
 
     # -- async API -------------------------------------------------------------------------------
     async def arun(self, workflow: Workflow, input: Any = None, *, run_id: str | None = None) -> RunResult:
@@ -181,17 +204,60 @@ class Orchestrator:
                     limit = len(results) + 1000  # do not spin on the same unrunnable run
         return results
 
-    async def acancel(self, run_id: str, *, reason: str | None = None) -> RunResult:
+    async def acancel(self, run_id: str, *, reason: str | None = None, compensate: bool = False) -> RunResult:
         rec = self.store.get_run(run_id)
         if rec.status in TERMINAL_STATUSES:
             raise RunStateError(f"run {run_id!r} is already {rec.status}; nothing to cancel")
+        live = self._take_over(rec)
+        why = reason or "cancelled by request"
+        if compensate and has_pending_effects(live.rs):
+            self.engine.commit(live, [(SagaKind.SAGA_STARTED, {"reason": "cancel", "after_seq": 0,
+                                                               "error": {"type": "Cancelled", "message": why}})])
+            await self.engine.drive(live)
+        else:
+            self.engine.commit(live, [(K.RUN_CANCELLED, {"reason": why, "by": self.engine.cfg.owner})])
+        return self._result(run_id, live.wf, live.rs)
+
+    async def acompensate(self, run_id: str) -> RunResult:
+        rec = self.store.get_run(run_id)
+        if rec.status != "compensation_failed":
+            raise RunStateError(f"run {run_id!r} is {rec.status}; only a compensation_failed run has compensations to retry")
+        live = self._take_over(rec)
+        self.engine.commit(live, [(SagaKind.SAGA_RETRIED, {"by": self.engine.cfg.owner})])
+        await self.engine.drive(live)
+        return self._result(run_id, live.wf, live.rs)
+
+    async def arollback(self, run_id: str, *, to: int | str, input: dict[str, Any] | None = None,
+                        next_step: str | None = None) -> RunResult:
+        rec = self.store.get_run(run_id)
+        if rec.status in ("cancelled", "compensating"):
+            raise RunStateError(f"run {run_id!r} is {rec.status}; it cannot be rolled back")
         wf = self._workflow_for(rec)
-        cfg = self.engine.cfg
-        token = self.store.acquire_lease(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(), force=True)
-        rs, snap_seq, _ = self.engine.restore(run_id, wf)
-        live = Live(run_id, wf, token, rs, snap_seq)
-        self.engine.commit(live, [(K.RUN_CANCELLED, {"reason": reason or "cancelled by request", "by": cfg.owner})])
+        if next_step is not None and next_step not in wf.steps:
+            raise RunStateError(f"next_step {next_step!r} is not a step of workflow {wf.name!r}")
+        events = [(e.seq, e.kind, codec.loads(e.data)) for e in self.store.events(run_id)]
+        seq = _checkpoint_seq(run_id, events, to)
+        checkpoint = fold(events[:seq], wf.reduce)
+        if checkpoint.done:
+            raise RunStateError(f"seq {seq} of run {run_id!r} is in the middle of a tick; roll back to a step "
+                                "or to a snapshot's seq")
+        if input is not None:
+            codec.dumps(input, what="rollback input")
+        live = self._take_over(rec, workflow=wf)
+        self.engine.commit(live, [(SagaKind.SAGA_STARTED, {
+            "reason": "rollback", "after_seq": seq, "restore": checkpoint.to_json(), "input": input,
+            "next": [next_step] if next_step else None})])
+        await self.engine.drive(live)
         return self._result(run_id, wf, live.rs)
+
+    def _take_over(self, rec: RunRecord, *, workflow: Workflow | None = None) -> Live:
+        """Take the run's lease now (fencing out any owner) and restore its state."""
+        wf = workflow or self._workflow_for(rec)
+        cfg = self.engine.cfg
+        token = self.store.acquire_lease(rec.run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                         force=True)
+        rs, snap_seq, _ = self.engine.restore(rec.run_id, wf)
+        return Live(rec.run_id, wf, token, rs, snap_seq)
 
     # -- reading ---------------------------------------------------------------------------------
     def result(self, run_id: str) -> RunResult:
@@ -346,6 +412,32 @@ class Orchestrator:
             error = f"{rs.error.get('type')}: {rs.error.get('message')}"
         return RunResult(run_id=run_id, status=status or rs.status, state=state,
                          workflow=wf.name if wf else "", seq=rs.seq, error=error)
+
+
+def _checkpoint_seq(run_id: str, events: list[tuple[int, str, Any]], to: int | str) -> int:
+    """The journal seq a rollback returns to: a seq, or the tick start of a step's last execution."""
+    last = events[-1][0] if events else 0
+    if isinstance(to, bool) or not isinstance(to, (int, str)):
+        raise RunStateError(f"rollback target must be a seq or a step name, got {to!r}")
+    if isinstance(to, int):
+        if not 1 <= to <= last:
+            raise RunStateError(f"run {run_id!r} has no checkpoint at seq {to}: its journal holds seq 1..{last}")
+        return to
+    completions = [d for _, kind, d in events if kind == K.STEP_COMPLETED and d["step"] == to]
+    if not completions:
+        raise RunStateError(f"run {run_id!r} has no completed step {to!r} to roll back to")
+    state_at = completions[-1].get("input", {}).get("state_at")
+    if state_at is None:  # the step declared reads=: find its tick's start by folding
+        tick = completions[-1]["tick"]
+        rs = RunState()
+        for seq, kind, data in events:
+            if rs.tick == tick and not rs.done and rs.seq:
+                return rs.seq
+            from orchestrator._fold import apply
+
+            apply(rs, seq, kind, data)
+        raise RunStateError(f"cannot locate the start of step {to!r}'s tick in run {run_id!r}")
+    return int(state_at)
 
 
 def _sync(coro: Coroutine[Any, Any, T]) -> T:

@@ -1,0 +1,237 @@
+"""Sagas on a real store: compensation order and exactly-once, in-doubt effects, rollback, cancel."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from compensations import CompensationPolicy, Compensations
+from orchestrator import Orchestrator, RunStateError
+from workflows import END, Retry, Workflow
+
+
+class World:
+    """The outside world: bookings keyed by idempotency key (a repeated key books nothing new)."""
+
+    def __init__(self) -> None:
+        self.bookings: dict[str, str] = {}
+        self.calls: list[str] = []
+        self.cancelled: list[str] = []
+        self.cancel_failures = 0
+
+    def book(self, kind: str, key: str) -> str:
+        self.calls.append(f"book {kind}")
+        return self.bookings.setdefault(key, f"{kind}-{len(self.bookings) + 1}")
+
+    def cancel(self, ref: str) -> None:
+        if self.cancel_failures > 0:
+            self.cancel_failures -= 1
+            raise ConnectionError(f"cancel {ref}: service unavailable")
+        self.cancelled.append(ref)
+
+
+class Stop(BaseException):
+    """Stands for the process dying at this point (propagates through the engine untouched)."""
+
+
+def trip_workflow(world: World, *, car_compensable: bool = True, stop_in: str | None = None,
+                  resend: bool | None = None, check: bool = False) -> Workflow:
+    wf = Workflow("trip")
+
+    def undo(kind):
+        def compensate(ctx, effect):
+            world.cancel(effect.result[kind])
+        compensate.__name__ = f"cancel_{kind}"
+        return compensate
+
+    def booking(kind: str, compensable: bool = True):
+        def book(ctx, state):
+            ref = world.book(kind, ctx.idempotency_key)
+            if stop_in == kind:
+                raise Stop  # dies after the world changed, before the result is journaled
+            return {kind: ref}
+
+        def find(ctx, state):
+            return {kind: world.bookings[ctx.idempotency_key]} if ctx.idempotency_key in world.bookings else None
+
+        book.__name__ = f"book_{kind}"
+        wf.step(name=f"book_{kind}", effect=True, compensate=undo(kind) if compensable else None,
+                check=find if check else None, resend=resend)(book)
+
+    booking("flight")
+    booking("hotel")
+    booking("car", car_compensable)
+
+    @wf.step()
+    def pay(ctx, state):
+        if state.get("card") == "declined":
+            raise PermissionError("card declined")
+        return {"paid": True}
+
+    wf.steps["book_flight"].__class__  # steps are frozen data
+    object.__setattr__(wf.steps["book_flight"], "start", True)
+    wf.edge("book_flight", "book_hotel")
+    wf.edge("book_hotel", "book_car")
+    wf.edge("book_car", "pay")
+    wf.edge("pay", END)
+    return wf
+
+
+@pytest.fixture
+def make(db_url):
+    made = []
+
+    def factory(*wfs, **kw):
+        kw.setdefault("sleep", _no_sleep)
+        kw.setdefault("rng", random.Random(1))
+        orc = Orchestrator(db_url, workflows=wfs, **kw)
+        made.append(orc)
+        return orc
+
+    yield factory
+    for orc in made:
+        orc.close()
+
+
+async def _no_sleep(seconds: float) -> None:
+    return None
+
+
+def kinds(orc, run_id):
+    return [e["kind"] for e in orc.history(run_id)]
+
+
+def test_failed_payment_compensates_every_booking_newest_first(make):
+    # Given three bookings and a payment that is declined
+    world = World()
+    wf = trip_workflow(world)
+    orc = make(wf)
+    # When the run fails at pay
+    result = orc.run(wf, {"card": "declined"}, run_id="t1")
+    # Then car, hotel and flight are cancelled in that order, each once, and the run is compensated
+    assert result.status == "compensated"
+    assert world.cancelled == ["car-3", "hotel-2", "flight-1"]
+    assert orc.get_run("t1").status == "compensated"
+    events = kinds(orc, "t1")
+    assert events.count("CompensationStarted") == 3 and events.count("CompensationCompleted") == 3
+    assert events[-1] == "SagaCompleted"
+    started = [e["data"] for e in orc.history("t1") if e["kind"] == "StepStarted"]
+    assert [s["key"] for s in started] == ["t1:book_flight:0", "t1:book_hotel:1", "t1:book_car:2"]
+
+
+def test_an_effect_without_compensation_fails_the_run_and_is_listed(make):
+    world = World()
+    wf = trip_workflow(world, car_compensable=False)
+    orc = make(wf)
+    result = orc.run(wf, {"card": "declined"}, run_id="t2")
+    # Then what could be undone was, and the run says what could not
+    assert result.status == "failed"
+    assert world.cancelled == ["hotel-2", "flight-1"]
+    assert "book_car" in result.error and "NOT undone" in result.error
+
+
+def test_a_compensation_that_keeps_failing_leaves_compensation_failed_then_compensate_finishes(make):
+    # Given a cancellation service that fails 3 times, and a policy of 2 attempts
+    world = World()
+    world.cancel_failures = 3
+    registry = Compensations(policy=CompensationPolicy(retry=Retry(attempts=2, initial=0, jitter=0)))
+    wf = trip_workflow(world)
+    orc = make(wf, compensations=registry)
+    # When the saga runs
+    result = orc.run(wf, {"card": "declined"}, run_id="t3")
+    # Then the run is compensation_failed, with the effect and error visible
+    assert result.status == "compensation_failed"
+    assert "book_car" in result.error and "service unavailable" in result.error
+    failed = [e["data"] for e in orc.history("t3") if e["kind"] == "CompensationFailed"]
+    assert [(f["attempt"], f["final"]) for f in failed] == [(1, False), (2, True)]
+    # When the operator retries once the service is back
+    world.cancel_failures = 0
+    again = orc.compensate("t3")
+    # Then the remaining ones are compensated, each exactly once
+    assert again.status == "compensated"
+    assert world.cancelled == ["car-3", "hotel-2", "flight-1"]
+    with pytest.raises(RunStateError):
+        orc.compensate("t3")
+
+
+@pytest.mark.parametrize("mode", ["check", "resend"])
+def test_an_effect_in_doubt_is_checked_or_resent_with_the_same_key_never_duplicated(make, mode):
+    # Given a run that died inside book_hotel after the hotel was booked, before the result was journaled
+    world = World()
+    dying = trip_workflow(world, stop_in="hotel", check=(mode == "check"))
+    with pytest.raises(Stop):
+        make(dying).run(dying, {"card": "ok"}, run_id="t4")
+    assert kinds(make(dying), "t4")[-1] == "StepStarted"
+    # When it is resumed
+    healthy = trip_workflow(world, check=(mode == "check"))
+    result = make(healthy).resume("t4")
+    # Then there is exactly one hotel booking
+    assert result.status == "completed"
+    assert sorted(world.bookings.values()) == ["car-3", "flight-1", "hotel-2"]
+    hotel_calls = world.calls.count("book hotel")
+    assert hotel_calls == (1 if mode == "check" else 2)  # a resend reuses the key: the world dedups it
+    completed = [e["data"] for e in make(healthy).history("t4") if e["kind"] == "StepCompleted"]
+    hotel = [c for c in completed if c["step"] == "book_hotel"][0]
+    assert hotel["key"] == "t4:book_hotel:1"
+    assert hotel.get("reconciled") == ("check" if mode == "check" else None)
+
+
+def test_an_effect_in_doubt_with_resend_false_and_no_check_is_not_sent_again(make):
+    world = World()
+    dying = trip_workflow(world, stop_in="hotel", resend=False)
+    with pytest.raises(Stop):
+        make(dying).run(dying, {"card": "ok"}, run_id="t5")
+    result = make(trip_workflow(world, resend=False)).resume("t5")
+    # Then the run does not guess: the hotel is not booked twice, the flight is compensated
+    assert world.calls.count("book hotel") == 1
+    assert result.status == "compensated"
+    assert world.cancelled == ["flight-1"]
+    failed = [e["data"] for e in make(dying).history("t5") if e["kind"] == "StepFailed"]
+    assert failed[0]["error"]["type"] == "orchestrator.errors.InDoubtError"
+
+
+def test_rollback_undoes_effects_after_the_checkpoint_and_continues_another_way(make):
+    # Given a completed trip
+    world = World()
+    wf = trip_workflow(world)
+    orc = make(wf)
+    orc.run(wf, {"card": "ok"}, run_id="t6")
+    # When it is rolled back to just before book_hotel, with a note for the new route
+    result = orc.rollback("t6", to="book_hotel", input={"note": "cheaper hotel"})
+    # Then the car and hotel made after that point were cancelled (newest first), the flight kept
+    assert world.cancelled == ["car-3", "hotel-2"]
+    # And the run went on from there with fresh keys, and completed
+    assert result.status == "completed"
+    assert result.state["note"] == "cheaper hotel"
+    assert result.state["flight"] == "flight-1" and result.state["hotel"] == "hotel-4"
+    history = orc.history("t6")
+    assert [e["kind"] for e in history].count("RolledBack") == 1
+    keys = [e["data"]["key"] for e in history if e["kind"] == "StepStarted"]
+    assert keys[-2:] == ["t6:book_hotel:1:1", "t6:book_car:2:1"]
+
+
+def test_rollback_to_a_point_that_does_not_exist_changes_nothing(make):
+    world = World()
+    wf = trip_workflow(world)
+    orc = make(wf)
+    orc.run(wf, {"card": "ok"}, run_id="t7")
+    before = orc.store.last_seq("t7")
+    with pytest.raises(RunStateError, match="no checkpoint at seq 999"):
+        orc.rollback("t7", to=999)
+    with pytest.raises(RunStateError, match="no completed step 'ghost'"):
+        orc.rollback("t7", to="ghost")
+    assert orc.store.last_seq("t7") == before and world.cancelled == []
+
+
+def test_cancel_with_compensate_undoes_completed_effects(make):
+    world = World()
+    dying = trip_workflow(world, stop_in="car")
+    with pytest.raises(Stop):
+        make(dying).run(dying, {"card": "ok"}, run_id="t8")
+    orc = make(trip_workflow(world))
+    result = orc.cancel("t8", compensate=True)
+    assert result.status == "cancelled"
+    assert world.cancelled == ["hotel-2", "flight-1"]
+    # And the car, in doubt when the process died, is reported rather than silently forgotten
+    assert orc.history("t8")[-1]["data"]["in_doubt"] == [{"step": "book_car", "key": "t8:book_car:2"}]

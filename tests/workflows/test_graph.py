@@ -1,0 +1,188 @@
+"""The graph: building, validation errors that name the step, routing and fingerprints (no database)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import pytest
+from pydantic import BaseModel
+
+from workflows import END, DefinitionError, Retry, RoutingError, Workflow, reducers
+
+
+def noop(ctx, state):
+    return None
+
+
+def chain(*names: str) -> Workflow:
+    wf = Workflow("chain")
+    for i, n in enumerate(names):
+        wf.step(name=n, start=(i == 0))(noop)
+    for a, b in zip(names, names[1:]):
+        wf.edge(a, b)
+    wf.edge(names[-1], END)
+    return wf
+
+
+def test_valid_chain_validates_and_has_a_stable_fingerprint():
+    # Given two identical definitions
+    a, b = chain("x", "y", "z"), chain("x", "y", "z")
+    # Then they validate and share a fingerprint
+    a.validate()
+    assert a.fingerprint == b.fingerprint
+    assert len(a.fingerprint) == 64
+
+
+def test_fingerprint_changes_with_an_edge():
+    # Given a graph, and the same graph with one more edge
+    a = chain("x", "y")
+    b = chain("x", "y")
+    b.edge("x", END)
+    # Then the fingerprints differ
+    assert a.fingerprint != b.fingerprint
+
+
+def test_no_start_step_is_an_error():
+    wf = Workflow("w")
+    wf.step(name="a")(noop)
+    with pytest.raises(DefinitionError, match="no start step"):
+        wf.validate()
+
+
+def test_duplicate_step_name_is_an_error_naming_it():
+    wf = Workflow("w")
+    wf.step(name="a", start=True)(noop)
+    with pytest.raises(DefinitionError, match="duplicate step name 'a'") as info:
+        wf.step(name="a")(noop)
+    assert info.value.step == "a"
+
+
+def test_unknown_edge_target_names_the_step():
+    wf = Workflow("w")
+    wf.step(name="plan", start=True)(noop)
+    wf.edge("plan", "serach")
+    with pytest.raises(DefinitionError, match="unknown step 'serach'") as info:
+        wf.validate()
+    assert info.value.step == "plan"
+
+
+def test_unreachable_step_is_named():
+    wf = Workflow("w")
+    wf.step(name="a", start=True)(noop)
+    wf.step(name="orphan")(noop)
+    wf.edge("a", END)
+    with pytest.raises(DefinitionError, match="'orphan' is unreachable"):
+        wf.validate()
+
+
+def test_router_with_declared_targets_makes_them_reachable():
+    wf = Workflow("w")
+    wf.step(name="a", start=True)(noop)
+    wf.step(name="b")(noop)
+    wf.route("a", lambda s: "b", targets=["b", END])
+    wf.validate()
+
+
+def test_router_returning_unknown_step_is_a_routing_error():
+    wf = Workflow("w")
+    wf.step(name="a", start=True)(noop)
+    wf.route("a", lambda s: "nowhere")
+    with pytest.raises(RoutingError, match="unknown step 'nowhere'"):
+        wf.successors("a", {})
+
+
+def test_router_returning_a_number_is_a_routing_error():
+    wf = Workflow("w")
+    wf.step(name="a", start=True)(noop)
+    wf.route("a", lambda s: 3)
+    with pytest.raises(RoutingError, match="expected a step name"):
+        wf.successors("a", {})
+
+
+def test_router_fan_out_and_end():
+    # Given a router returning several steps (parallel branches) or END
+    wf = Workflow("w")
+    for n in ("a", "b", "c"):
+        wf.step(name=n, start=(n == "a"))(noop)
+    wf.route("a", lambda s: ["b", "c"] if s["go"] else END)
+    # Then it yields both branches, or none
+    assert wf.successors("a", {"go": True}) == ["b", "c"]
+    assert wf.successors("a", {"go": False}) == []
+
+
+def test_join_needs_two_sources_and_known_steps():
+    wf = Workflow("w")
+    wf.step(name="a", start=True)(noop)
+    with pytest.raises(DefinitionError, match="two or more"):
+        wf.edge(["a"], "b")
+    wf.edge(["a", "ghost"], "a")
+    with pytest.raises(DefinitionError, match="unknown step 'ghost'"):
+        wf.validate()
+
+
+def test_compensate_without_effect_is_an_error():
+    wf = Workflow("w")
+    with pytest.raises(DefinitionError, match="need effect=True"):
+        wf.step(name="a", compensate=noop)(noop)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"attempts": 0}, "attempts"),
+    ({"initial": -1}, "initial"),
+    ({"multiplier": 0.5}, "multiplier"),
+    ({"initial": 5, "max_backoff": 1}, "max_backoff"),
+    ({"retry_on": (int,)}, "exception types"),
+])
+def test_bad_retry_options_are_named(kwargs, message):
+    with pytest.raises(DefinitionError, match=message):
+        Retry(**kwargs)
+
+
+def test_retry_backoff_grows_and_caps():
+    policy = Retry(attempts=6, initial=1, multiplier=2, max_backoff=5, jitter=1)
+    assert [policy.backoff(n, 0.0) for n in range(1, 6)] == [1, 2, 4, 5, 5]
+    assert policy.backoff(1, 0.5) == 1.5
+
+
+def test_retry_on_and_give_up_on():
+    policy = Retry(retry_on=(OSError,), give_up_on=(PermissionError,))
+    assert policy.should_retry(ConnectionError())
+    assert not policy.should_retry(PermissionError())
+    assert not policy.should_retry(ValueError())
+
+
+def test_step_returning_a_list_is_rejected_with_the_step_name():
+    wf = chain("a")
+    with pytest.raises(TypeError, match="step 'a' returned list"):
+        wf.normalise_update("a", [1, 2])
+
+
+class Notes(BaseModel):
+    topic: str = ""
+    notes: Annotated[list[str], reducers.append] = []
+    count: int = 0
+
+
+def test_typed_state_reducers_come_from_annotations():
+    # Given a model whose notes field appends
+    wf = Workflow("typed", state=Notes, reducers={"count": reducers.add})
+    state = wf.initial_state({"topic": "t"})
+    # When updates are reduced
+    wf.reduce(state, {"notes": "first", "count": 1})
+    wf.reduce(state, {"notes": ["second", "third"], "count": 2})
+    # Then notes appended and count added
+    assert state["notes"] == ["first", "second", "third"]
+    assert state["count"] == 3
+    assert isinstance(wf.view(state), Notes)
+
+
+def test_typed_state_rejects_bad_input():
+    wf = Workflow("typed", state=Notes)
+    with pytest.raises(Exception, match="count"):
+        wf.initial_state({"count": "many"})
+
+
+def test_dict_input_required_for_untyped_state():
+    wf = chain("a")
+    with pytest.raises(DefinitionError, match="input must be a dict"):
+        wf.initial_state([1])
