@@ -1,0 +1,47 @@
+"""agentsaga's store: runs, an append-only journal, snapshots, leases, breaker state and
+signals, on SQLite (the embedded default) or Postgres. Payloads are opaque JSON text.
+
+    from store import open_store
+    with open_store("sqlite:///agent.db") as store:
+        store.create_run(run_id="r1", ..., events=[NewEvent(1, "RunStarted", "{}", now)])
+
+The contract is docs/internals-store.md.
+"""
+
+from ._api import Store
+from ._open import open_store
+from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
+from ._schema import SCHEMA_VERSION
+from ._url import default_url
+from .errors import (
+    ConfigError,
+    ConflictError,
+    DuplicateRunError,
+    FencedError,
+    LeaseHeldError,
+    RunNotFoundError,
+    SchemaVersionError,
+    StoreError,
+    StoreUnavailableError,
+)
+
+__all__ = [
+    "open_store",
+    "default_url",
+    "Store",
+    "SCHEMA_VERSION",
+    "RunRecord",
+    "NewEvent",
+    "EventRecord",
+    "NewSnapshot",
+    "SnapshotRecord",
+    "StoreError",
+    "ConfigError",
+    "SchemaVersionError",
+    "StoreUnavailableError",
+    "RunNotFoundError",
+    "DuplicateRunError",
+    "ConflictError",
+    "FencedError",
+    "LeaseHeldError",
+]

@@ -1,0 +1,483 @@
+"""The Store: runs, the journal and snapshots on any dialect (leases, breakers and signals
+are in `_coordination.py`, the connection/retry boundary in `_boundary.py`).
+
+Why plain SQL and not the ORM: the hot path must cost about one INSERT+COMMIT through the
+driver, and an ORM session (identity map, unit of work, result processing) costs several times
+that. Every other method uses the same raw per-thread connection, so there is one transaction
+discipline and one error boundary, not two. The SQLModel classes in `_schema.py` remain the one
+description of the tables; the statements below name their columns, and the contract suite
+runs them on both backends.
+
+SQL is written with `?` placeholders; the dialect rewrites them for its driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._boundary import Boundary
+from ._coordination import CoordinationMixin
+from ._dialect import Dialect, ErrorKind, iter_chunks
+from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
+from ._schema import SCHEMA_VERSION, ensure_schema
+from .errors import ConflictError, DuplicateRunError, FencedError, RunNotFoundError
+
+__all__ = ["Store"]
+
+_RUN_COLUMNS = (
+    "run_id, workflow, version, fingerprint, target, status, created_at, updated_at,"
+    " finished_at, parent_run_id, error, lease_owner, lease_token, lease_expires_at, queue,"
+    " priority, dedup_key, wake_at, recoveries"
+)
+_SELECT_RUN = f"SELECT {_RUN_COLUMNS} FROM agentsaga_runs"
+_INSERT_RUN = (
+    "INSERT INTO agentsaga_runs (run_id, workflow, version, fingerprint, target, status,"
+    " created_at, updated_at, parent_run_id, lease_owner, lease_token, lease_expires_at, queue,"
+    " priority, dedup_key, recoveries)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
+)
+_INSERT_EVENT = (
+    "INSERT INTO agentsaga_events (run_pk, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_SNAPSHOT = (
+    "INSERT INTO agentsaga_snapshots (run_pk, seq, state, sha256, schema_version, trigger,"
+    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_PRUNE_SNAPSHOTS = (
+    "DELETE FROM agentsaga_snapshots WHERE run_pk = ? AND seq NOT IN"
+    " (SELECT seq FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC LIMIT ?)"
+)
+_SELECT_EVENTS = (
+    "SELECT e.seq, e.kind, e.data, e.at FROM agentsaga_events e"
+    " JOIN agentsaga_runs r ON r.pk = e.run_pk WHERE r.run_id = ? AND e.seq > ?"
+)
+_CHUNK = 500  # ids per IN (...) list, far below every driver's parameter limit
+
+
+class _UniqueViolation(Exception):
+    """Internal: a duplicate key in `table`; turned into ConflictError after the rollback."""
+
+    def __init__(self, table: str):
+        self.table = table
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+def _check_batch(run_id: str, events: Sequence[NewEvent]) -> None:
+    seen: set[int] = set()
+    for event in events:
+        if event.seq in seen:
+            raise ConflictError(
+                f"run {run_id!r}: seq {event.seq} appears twice in one batch",
+                run_id=run_id, seq=event.seq,
+            )
+        seen.add(event.seq)
+
+
+def _event_row(pk: int, e: NewEvent) -> tuple[Any, ...]:
+    return (pk, e.seq, e.kind, e.at, e.data)
+
+
+class Store(CoordinationMixin):
+    """The journal and run table of one database; thread-safe. Build it with `open_store`."""
+
+    def __init__(self, dialect: Dialect, *, retry_for: float):
+        self._d = dialect
+        self._b = Boundary(dialect, retry_for=retry_for)
+        try:
+            self._b.run("open", lambda conn: ensure_schema(dialect, conn))
+        except BaseException:
+            self._b.close()
+            raise
+
+    # -- identity ------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The database URL, password masked."""
+        return self._d.url
+
+    @property
+    def dialect(self) -> str:
+        """"sqlite" or "postgresql"."""
+        return self._d.name
+
+    def info(self) -> dict[str, Any]:
+        """Dialect, URL, schema version, and the live connection's settings (SQLite pragmas,
+        Postgres server version and schema): what `agentsaga` diagnostics print."""
+        base = {"dialect": self.dialect, "url": self.url, "schema_version": SCHEMA_VERSION}
+        return base | self._b.run("info", self._d.info)
+
+    def close(self) -> None:
+        """Close every connection; idempotent. The store cannot be used afterwards."""
+        self._b.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Store {self.dialect} {self.url}>"
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        version: str,
+        fingerprint: str,
+        target: str,
+        created_at: float,
+        events: Sequence[NewEvent],
+        status: str = "pending",
+        lease_owner: str | None = None,
+        lease_ttl: float | None = None,
+        parent_run_id: str | None = None,
+        queue: str | None = None,
+        priority: int = 0,
+        dedup_key: str | None = None,
+    ) -> int:
+        """Insert the run and its first events in one transaction; return the lease token
+        (1 when created leased by `lease_owner`, else 0)."""
+        if lease_owner is not None and lease_ttl is None:
+            raise ValueError("create_run: lease_owner needs lease_ttl")
+        events = list(events)
+        _check_batch(run_id, events)
+        token = 1 if lease_owner is not None else 0
+        expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
+        row = (run_id, workflow, version, fingerprint, target, status, created_at, created_at,
+               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key)
+        d = self._d
+
+        def work(conn: Any) -> int:
+            try:
+                with d.transaction(conn):
+                    pk = d.fetchall(conn, _INSERT_RUN, row)[0][0]
+                    if events:
+                        d.executemany(conn, _INSERT_EVENT, [_event_row(pk, e) for e in events])
+            except d.driver_errors as exc:
+                if d.classify(exc, conn) is not ErrorKind.UNIQUE:
+                    raise
+                # The events had a brand-new run_pk: the duplicate is the run id or dedup key.
+                self._raise_duplicate(conn, run_id, dedup_key, exc)
+            return token
+
+        return self._b.run("create_run", work)
+
+    def _raise_duplicate(
+        self, conn: Any, run_id: str, dedup_key: str | None, exc: BaseException
+    ) -> None:
+        d = self._d
+        if d.fetchone(conn, "SELECT pk FROM agentsaga_runs WHERE run_id = ?", (run_id,)):
+            raise DuplicateRunError(
+                f"run {run_id!r} already exists", run_id=run_id, existing_run_id=run_id
+            ) from exc
+        found = None
+        if dedup_key is not None:
+            found = d.fetchone(
+                conn, "SELECT run_id FROM agentsaga_runs WHERE dedup_key = ?", (dedup_key,)
+            )
+        existing = found[0] if found else None
+        raise DuplicateRunError(
+            f"run {run_id!r}: dedup key {dedup_key!r} is already used by run {existing!r}",
+            run_id=run_id, existing_run_id=existing,
+        ) from exc
+
+    def get_run(self, run_id: str) -> RunRecord:
+        sql = _SELECT_RUN + " WHERE run_id = ?"
+        row = self._b.run("get_run", lambda conn: self._d.fetchone(conn, sql, (run_id,)))
+        if row is None:
+            raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+        return RunRecord(*row)
+
+    def list_runs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        workflow: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = 100,
+        offset: int = 0,
+    ) -> list[RunRecord]:
+        """Runs newest first (created_at, then creation order); `since <= created_at < until`;
+        `limit=None` lists all."""
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            statuses = [status] if isinstance(status, str) else list(status)
+            if not statuses:
+                return []
+            where.append(f"status IN ({_marks(len(statuses))})")
+            params += statuses
+        for clause, value in (("workflow = ?", workflow), ("created_at >= ?", since),
+                              ("created_at < ?", until)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        sql = _SELECT_RUN + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY created_at DESC, pk DESC"
+        if limit is None:
+            sql += f" LIMIT {self._d.no_limit} OFFSET ?"
+            params.append(offset)
+        else:
+            sql += " LIMIT ? OFFSET ?"
+            params += [limit, offset]
+        rows = self._b.run("list_runs", lambda conn: self._d.fetchall(conn, sql, params))
+        return [RunRecord(*row) for row in rows]
+
+    def count_by_status(self) -> dict[str, int]:
+        sql = "SELECT status, COUNT(*) FROM agentsaga_runs GROUP BY status"
+        rows = self._b.run("count_by_status", lambda conn: self._d.fetchall(conn, sql, ()))
+        return {status: int(n) for status, n in rows}
+
+    # -- journal -------------------------------------------------------------------------------
+
+    def append(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        token: int,
+        now: float,
+        status: str | None = None,
+        error: str | None = None,
+        finished: bool = False,
+        snapshot: NewSnapshot | None = None,
+        keep_snapshots: int | None = None,
+        release_lease: bool = False,
+        consume_signals: Sequence[int] = (),
+    ) -> None:
+        """Journal `events`, and optionally set status, write a snapshot, consume signals and
+        release the lease: all in one transaction, or nothing. Fenced by `token`."""
+        if status is None and (error is not None or finished):
+            raise ValueError("append: error and finished need a status")
+        if keep_snapshots is not None and keep_snapshots < 0:
+            raise ValueError("append: keep_snapshots must be >= 0")
+        simple = (len(events) == 1 and status is None and snapshot is None
+                  and not release_lease and not consume_signals)
+        if not simple:
+            events = list(events)
+            _check_batch(run_id, events)
+        # If the session died while our COMMIT was in flight, the append may have landed and
+        # the retry then collides with it; reading the rows back tells "that was us" (done)
+        # from "that was someone else" (a real conflict).
+        session_lost = False
+
+        def lost() -> None:
+            nonlocal session_lost
+            session_lost = True
+
+        def work(conn: Any) -> None:
+            try:
+                if simple:
+                    self._append_one(conn, run_id, events[0], token)
+                else:
+                    self._append_tx(conn, run_id, events, token, now, status, error, finished,
+                                    snapshot, keep_snapshots, release_lease, consume_signals)
+            except (ConflictError, FencedError):
+                # Fenced too: had our commit landed before a takeover, it is still journaled.
+                if session_lost and events and self._already_journaled(conn, run_id, events):
+                    return
+                raise
+
+        self._b.run("append", work, on_disconnect=lost)
+
+    def _append_one(self, conn: Any, run_id: str, event: NewEvent, token: int) -> None:
+        d = self._d
+        try:
+            inserted = d.append_one(
+                conn, (event.seq, event.kind, event.at, event.data, run_id, token)
+            )
+        except d.driver_errors as exc:
+            if d.classify(exc, conn) is ErrorKind.UNIQUE:
+                raise ConflictError(
+                    f"run {run_id!r} already has an event at seq {event.seq}",
+                    run_id=run_id, seq=event.seq,
+                ) from exc
+            raise
+        if inserted != 1:  # the SELECT found no run with this token
+            self._raise_fenced_or_missing(conn, run_id, token)
+
+    def _append_tx(
+        self, conn: Any, run_id: str, events: list[NewEvent], token: int, now: float,
+        status: str | None, error: str | None, finished: bool, snapshot: NewSnapshot | None,
+        keep: int | None, release: bool, consume: Sequence[int],
+    ) -> None:
+        d = self._d
+        changes_run = status is not None or release
+        fence = "SELECT pk, lease_token FROM agentsaga_runs WHERE run_id = ?"
+        fence += d.lock_update if changes_run else d.lock_share
+        try:
+            with d.transaction(conn):
+                row = d.fetchone(conn, fence, (run_id,))
+                if row is None:
+                    raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                pk, current = row
+                if current != token:
+                    raise self._fenced(run_id, token, current)
+                if events:
+                    rows = [_event_row(pk, e) for e in events]
+                    self._insert(conn, "events", d.executemany, _INSERT_EVENT, rows)
+                if consume:
+                    self._consume(conn, pk, run_id, consume)
+                if changes_run:
+                    sets, params = [], []
+                    if status is not None:
+                        sets += ["status = ?", "error = ?", "updated_at = ?"]
+                        params += [status, error, now]
+                        if finished:
+                            sets.append("finished_at = ?")
+                            params.append(now)
+                    if release:
+                        sets += ["lease_owner = NULL", "lease_expires_at = NULL"]
+                    sql = f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?"
+                    d.execute(conn, sql, (*params, pk))
+                if snapshot is not None:
+                    s = snapshot
+                    values = (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger,
+                              s.created_at)
+                    self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, values)
+                    if keep is not None:
+                        d.execute(conn, _PRUNE_SNAPSHOTS, (pk, pk, keep))
+        except _UniqueViolation as violation:
+            # Named only now, after the rollback: Postgres answers no query inside an aborted
+            # transaction.
+            if violation.table == "snapshots":
+                assert snapshot is not None
+                raise ConflictError(
+                    f"run {run_id!r} already has a snapshot at seq {snapshot.seq}",
+                    run_id=run_id, seq=snapshot.seq,
+                ) from None
+            taken = self._existing_seqs(conn, run_id, [e.seq for e in events])
+            seq = min(taken) if taken else None
+            raise ConflictError(
+                f"run {run_id!r} already has an event at seq {seq}", run_id=run_id, seq=seq
+            ) from None
+
+    def _insert(self, conn: Any, table: str, call: Any, sql: str, params: Any) -> None:
+        d = self._d
+        try:
+            call(conn, sql, params)
+        except d.driver_errors as exc:
+            if d.classify(exc, conn) is ErrorKind.UNIQUE:
+                raise _UniqueViolation(table) from exc
+            raise
+
+    def _existing_seqs(self, conn: Any, run_id: str, seqs: list[int]) -> list[int]:
+        found: list[int] = []
+        for chunk in iter_chunks(seqs, _CHUNK):
+            sql = (
+                "SELECT e.seq FROM agentsaga_events e JOIN agentsaga_runs r ON r.pk = e.run_pk"
+                f" WHERE r.run_id = ? AND e.seq IN ({_marks(len(chunk))})"
+            )
+            found += [r[0] for r in self._d.fetchall(conn, sql, (run_id, *chunk))]
+        return found
+
+    def _already_journaled(self, conn: Any, run_id: str, events: Sequence[NewEvent]) -> bool:
+        seqs = [e.seq for e in events]
+        stored = {r.seq: r for r in self._events(conn, run_id, min(seqs) - 1, max(seqs))}
+        return all(
+            (r := stored.get(e.seq)) is not None
+            and (r.kind, r.data, r.at) == (e.kind, e.data, e.at)
+            for e in events
+        )
+
+    def events(
+        self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None
+    ) -> list[EventRecord]:
+        """Events with `after_seq < seq <= until_seq`, ascending."""
+        return self._b.run("events", lambda conn: self._events(conn, run_id, after_seq, until_seq))
+
+    def _events(
+        self, conn: Any, run_id: str, after_seq: int, until_seq: int | None
+    ) -> list[EventRecord]:
+        sql, params = _SELECT_EVENTS, [run_id, after_seq]
+        if until_seq is not None:
+            sql += " AND e.seq <= ?"
+            params.append(until_seq)
+        rows = self._d.fetchall(conn, sql + " ORDER BY e.seq", params)
+        if not rows:
+            self._require_run(conn, run_id)  # "no events" and "no run" must not look alike
+        return [EventRecord(*row) for row in rows]
+
+    def last_seq(self, run_id: str) -> int:
+        """The highest seq journaled for the run; 0 when it has no events."""
+        sql = (
+            "SELECT (SELECT MAX(seq) FROM agentsaga_events WHERE run_pk = r.pk)"
+            " FROM agentsaga_runs r WHERE r.run_id = ?"
+        )
+
+        def work(conn: Any) -> int:
+            row = self._d.fetchone(conn, sql, (run_id,))
+            if row is None:
+                raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+            return int(row[0] or 0)
+
+        return self._b.run("last_seq", work)
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def snapshots(self, run_id: str) -> list[SnapshotRecord]:
+        """All snapshots of the run, newest first."""
+        return self._b.run("snapshots", lambda conn: self._snapshots(conn, run_id, None))
+
+    def snapshot(self, run_id: str, seq: int) -> SnapshotRecord | None:
+        """The snapshot taken at `seq`, or None."""
+        found = self._b.run("snapshot", lambda conn: self._snapshots(conn, run_id, seq))
+        return found[0] if found else None
+
+    def _snapshots(self, conn: Any, run_id: str, seq: int | None) -> list[SnapshotRecord]:
+        pk = self._require_run(conn, run_id)
+        sql = (
+            "SELECT seq, state, sha256, schema_version, trigger, created_at"
+            " FROM agentsaga_snapshots WHERE run_pk = ?"
+        )
+        params: list[Any] = [pk]
+        if seq is not None:
+            sql += " AND seq = ?"
+            params.append(seq)
+        rows = self._d.fetchall(conn, sql + " ORDER BY seq DESC", params)
+        return [SnapshotRecord(*row) for row in rows]
+
+    def prune_snapshots(self, run_id: str, keep: int) -> int:
+        """Delete all but the newest `keep` snapshots; return how many were deleted."""
+        if keep < 0:
+            raise ValueError("prune_snapshots: keep must be >= 0")
+
+        def work(conn: Any) -> int:
+            pk = self._require_run(conn, run_id)
+            return self._d.execute(conn, _PRUNE_SNAPSHOTS, (pk, pk, keep)).rowcount
+
+        return self._b.run("prune_snapshots", work)
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def delete_runs(self, run_ids: Sequence[str]) -> int:
+        """Delete whole runs (row, events, snapshots, signals); return how many existed."""
+        ids = list(dict.fromkeys(run_ids))
+        d = self._d
+
+        def work(conn: Any) -> int:
+            deleted = 0
+            with d.transaction(conn):
+                for chunk in iter_chunks(ids, _CHUNK):
+                    # The run row first: deleting it takes the row lock appenders fence on, so
+                    # no event can slip in for a run whose children are being deleted.
+                    sql = f"DELETE FROM agentsaga_runs WHERE run_id IN ({_marks(len(chunk))})"
+                    pks = [r[0] for r in d.fetchall(conn, sql + " RETURNING pk", chunk)]
+                    deleted += len(pks)
+                    marks = _marks(len(pks))
+                    for table in ("events", "snapshots", "signals") if pks else ():
+                        sql = f"DELETE FROM agentsaga_{table} WHERE run_pk IN ({marks})"
+                        d.execute(conn, sql, pks)
+            return deleted
+
+        return self._b.run("delete_runs", work) if ids else 0

@@ -1,0 +1,129 @@
+"""What a backend must provide, and the parts every backend shares.
+
+`_api.Store` holds all the logic and speaks SQL with `?` placeholders against the tables of
+`_schema.py`. A dialect supplies only what differs between SQLite and Postgres: how to connect
+(and with which settings), the driver's placeholder style, how a write transaction starts,
+the row-locking clauses, the hot-path append statement, the claim query, and how the driver's
+exceptions map onto `ErrorKind`, the store's vocabulary for "what to do about this error".
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy.engine import Dialect as SADialect
+
+__all__ = ["Dialect", "ErrorKind"]
+
+
+class ErrorKind(enum.Enum):
+    """How the boundary treats a driver exception."""
+
+    UNIQUE = "unique"  # unique / primary-key violation: the caller maps it to a domain error
+    TRANSIENT = "transient"  # locked, deadlock, serialization: nothing was written, retry
+    DISCONNECT = "disconnect"  # connection lost: reconnect and retry; a COMMIT may have landed
+    UNAVAILABLE = "unavailable"  # retrying cannot help (no such file, authentication failed)
+    OTHER = "other"  # a bug or a damaged database: report it at once
+
+
+class Dialect:
+    """Base class of the backends; subclasses override the class attributes and hooks."""
+
+    name: str
+    url: str  # as given, with any password masked
+    sa_dialect: SADialect  # compiles the SQLModel tables to this backend's DDL
+    driver_errors: tuple[type[BaseException], ...]
+    # True when all threads must share one connection (SQLite :memory:): the boundary then
+    # serialises every call instead of opening a connection per thread.
+    shared: bool = False
+    # Statements run first in the schema transaction, making concurrent opens take turns.
+    schema_lock_sql: tuple[str, ...] = ()
+    # Appended to the fencing SELECT of a multi-statement append: share when only inserting
+    # children of the run, update when the run row itself will change. Empty where the
+    # transaction already holds the database's single write lock (SQLite).
+    lock_share: str = ""
+    lock_update: str = ""
+    # Appended to the claim query's candidate SELECT.
+    claim_lock: str = ""
+    # What LIMIT takes to mean "no limit" (needed to write OFFSET alone).
+    no_limit: str = "ALL"
+    # One `?` parameter, a table name: returns a row when the table exists (on search_path).
+    table_exists_sql: str
+
+    # -- connections -------------------------------------------------------------------------
+
+    def connect(self) -> Any:
+        """A new DBAPI connection in autocommit mode, configured for the store."""
+        raise NotImplementedError
+
+    def close(self, conn: Any) -> None:
+        conn.close()
+
+    def is_broken(self, conn: Any) -> bool:
+        """True when `conn` can no longer be used and must be replaced."""
+        raise NotImplementedError
+
+    def transaction(self, conn: Any) -> AbstractContextManager[None]:
+        """An explicit write transaction: commit on success, roll back on any exception."""
+        raise NotImplementedError
+
+    def info(self, conn: Any) -> dict[str, Any]:
+        """Backend settings as the live connection reports them."""
+        return {}
+
+    # -- statements --------------------------------------------------------------------------
+
+    def q(self, sql: str) -> str:
+        """`sql` with `?` placeholders rewritten to the driver's paramstyle."""
+        return sql
+
+    def execute(self, conn: Any, sql: str, params: Sequence[Any]) -> Any:
+        return conn.execute(self.q(sql), params)
+
+    def executemany(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        conn.cursor().executemany(self.q(sql), rows)
+
+    def fetchall(self, conn: Any, sql: str, params: Sequence[Any]) -> list[tuple]:
+        return list(self.execute(conn, sql, params).fetchall())
+
+    def fetchone(self, conn: Any, sql: str, params: Sequence[Any]) -> tuple | None:
+        # fetchall, not fetchone: a half-read cursor keeps SQLite's statement (and in
+        # autocommit mode its implicit transaction) open.
+        rows = self.fetchall(conn, sql, params)
+        return rows[0] if rows else None
+
+    def append_one(self, conn: Any, params: Sequence[Any]) -> int:
+        """The hot path: insert one event if the token matches, as one implicit transaction.
+
+        `params` = (seq, kind, at, data, run_id, token); returns the number of rows inserted.
+        """
+        raise NotImplementedError
+
+    def claim_sql(self, where: str) -> str:
+        """The claim statement (`?` style): lease the runs chosen by `where`, return them.
+
+        Parameters, in order: owner, expires_at, then those of `where`, then the limit.
+        """
+        return (
+            "UPDATE agentsaga_runs SET lease_token = lease_token + 1, lease_owner = ?,"
+            " lease_expires_at = ?,"
+            " recoveries = recoveries + (CASE WHEN lease_owner IS NULL THEN 0 ELSE 1 END)"
+            " WHERE pk IN (SELECT pk FROM agentsaga_runs WHERE " + where +
+            " ORDER BY priority DESC, created_at, pk LIMIT ?" + self.claim_lock + ")"
+            " RETURNING run_id, lease_token, priority, created_at, pk"
+        )
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def classify(self, exc: BaseException, conn: Any | None) -> ErrorKind:
+        """What `exc` (one of `driver_errors`) means; `conn` is None while connecting."""
+        raise NotImplementedError
+
+
+def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Slices of at most `size`, to keep `IN (...)` lists under every driver's limits."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

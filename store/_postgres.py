@@ -1,0 +1,123 @@
+"""The Postgres backend (psycopg 3): one database shared by many workers.
+
+Connections run in autocommit mode, so the single-statement append is one round trip (no
+BEGIN/COMMIT pair); multi-statement writes open an explicit transaction. Writers lock the run
+row they fence on (`FOR SHARE` when only adding journal rows, `FOR NO KEY UPDATE` when they
+will also change the run row, so two appenders of one run never both hold share locks and then
+deadlock upgrading them). Claims use `FOR UPDATE SKIP LOCKED`, so many workers polling one
+table never wait on each other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
+from sqlalchemy.engine import URL
+
+from ._dialect import Dialect, ErrorKind
+from ._url import config_error, mask_url
+
+__all__ = ["PostgresDialect"]
+
+_APPEND_ONE = (
+    "INSERT INTO agentsaga_events (run_pk, seq, kind, at, data)"
+    " SELECT pk, %s, %s, %s, %s FROM agentsaga_runs WHERE run_id = %s AND lease_token = %s"
+    # Waits for a concurrent takeover to commit (then the new token fails the WHERE) or makes
+    # the takeover wait for this insert: the fencing check cannot interleave with a takeover.
+    " FOR SHARE"
+)
+
+# SQLSTATEs after which the session is gone even if psycopg has not noticed yet.
+_SESSION_LOST = frozenset({"57P01", "57P02", "57P03"})  # admin/crash shutdown, starting up
+# Failures that leave the session usable and succeed when simply tried again.
+_RETRY_IN_PLACE = frozenset({"55P03", "53300"})  # lock not available, too many connections
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    sa_dialect = sa_psycopg.dialect()
+    driver_errors = (psycopg.Error,)
+    # Per schema, so test schemas (and tenants) in one database do not queue behind each other.
+    schema_lock_sql = (
+        "SELECT pg_advisory_xact_lock(hashtext('agentsaga.schema'), hashtext(current_schema()))",
+    )
+    lock_share = " FOR SHARE"
+    lock_update = " FOR NO KEY UPDATE"
+    claim_lock = " FOR UPDATE SKIP LOCKED"
+    table_exists_sql = "SELECT 1 WHERE to_regclass(?) IS NOT NULL"
+
+    def __init__(self, url: str, parsed: URL, *, retry_for: float):
+        if parsed.port is not None and not 1 <= parsed.port <= 65535:
+            raise config_error(url, f"port {parsed.port} is out of range")
+        # libpq parses the URI itself (multi-host lists, percent-escapes, every query option);
+        # asking it here, without connecting, turns an unknown option into a ConfigError now.
+        try:
+            params = conninfo_to_dict("postgresql://" + url.split("://", 1)[1])
+        except psycopg.Error as exc:
+            raise config_error(url, str(exc).strip()) from None
+        # Without a timeout a black-holed host blocks in connect() far beyond `retry_for`.
+        params.setdefault("connect_timeout", str(max(2, min(30, math.ceil(retry_for)))))
+        self.url = mask_url(url)
+        self.conninfo = make_conninfo("", **params)
+        self._q: dict[str, str] = {}
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(self.conninfo, autocommit=True)
+
+    def is_broken(self, conn: psycopg.Connection) -> bool:
+        return conn.closed or conn.broken
+
+    def transaction(self, conn: psycopg.Connection):
+        # In autocommit mode psycopg's transaction block sends BEGIN, then COMMIT, or ROLLBACK
+        # when the block raises.
+        return conn.transaction()
+
+    def info(self, conn: psycopg.Connection) -> dict[str, Any]:
+        schema = conn.execute("SELECT current_schema()").fetchall()[0][0]
+        return {"server_version": conn.info.server_version, "schema": schema}
+
+    def q(self, sql: str) -> str:
+        cached = self._q.get(sql)
+        if cached is None:
+            cached = self._q[sql] = sql.replace("%", "%%").replace("?", "%s")
+        return cached
+
+    def append_one(self, conn: psycopg.Connection, params: Sequence[Any]) -> int:
+        # prepare=True: parse and plan once per connection, not after psycopg's default of
+        # five executions.
+        return conn.execute(_APPEND_ONE, params, prepare=True).rowcount
+
+    def claim_sql(self, where: str) -> str:
+        # `= ANY(ARRAY(subquery))` makes the candidate SELECT an init plan that runs exactly
+        # once; with `IN (subquery)` the planner may rescan a LIMIT ... SKIP LOCKED subquery
+        # and lease more rows than asked for.
+        return (
+            "UPDATE agentsaga_runs SET lease_token = lease_token + 1, lease_owner = ?,"
+            " lease_expires_at = ?,"
+            " recoveries = recoveries + (CASE WHEN lease_owner IS NULL THEN 0 ELSE 1 END)"
+            " WHERE pk = ANY(ARRAY(SELECT pk FROM agentsaga_runs WHERE " + where +
+            " ORDER BY priority DESC, created_at, pk LIMIT ?" + self.claim_lock + "))"
+            " RETURNING run_id, lease_token, priority, created_at, pk"
+        )
+
+    def classify(self, exc: BaseException, conn: psycopg.Connection | None) -> ErrorKind:
+        if isinstance(exc, pg_errors.UniqueViolation):
+            return ErrorKind.UNIQUE
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        if conn is None:  # while connecting
+            if sqlstate[:2] in ("28", "3D"):  # authentication failed, no such database
+                return ErrorKind.UNAVAILABLE
+            if isinstance(exc, psycopg.OperationalError):  # refused, timed out, starting up
+                return ErrorKind.TRANSIENT
+            return ErrorKind.OTHER
+        if self.is_broken(conn) or sqlstate[:2] == "08" or sqlstate in _SESSION_LOST:
+            return ErrorKind.DISCONNECT
+        if isinstance(exc, pg_errors.TransactionRollback) or sqlstate in _RETRY_IN_PLACE:
+            return ErrorKind.TRANSIENT  # serialization failure, deadlock victim, ...
+        return ErrorKind.OTHER

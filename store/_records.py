@@ -1,0 +1,82 @@
+"""The values that cross the store's API: plain frozen dataclasses, no ORM objects.
+
+Payload fields (`data`, `state`) are JSON *text*: the store never parses them, so the bytes a
+caller wrote are the bytes it reads back (which is what lets the orchestrator hash snapshots).
+Times are floats (epoch seconds) chosen by the caller's injected clock; the store never reads
+the clock itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RunRecord", "NewEvent", "EventRecord", "NewSnapshot", "SnapshotRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One row of `agentsaga_runs` as the caller sees it."""
+
+    run_id: str
+    workflow: str
+    version: str
+    fingerprint: str
+    target: str
+    status: str
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    parent_run_id: str | None
+    error: str | None
+    lease_owner: str | None
+    lease_token: int
+    lease_expires_at: float | None
+    queue: str | None
+    priority: int
+    dedup_key: str | None
+    wake_at: float | None
+    recoveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append: `data` is JSON text, `at` epoch seconds."""
+
+    seq: int
+    kind: str
+    data: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """A journaled event as read back."""
+
+    seq: int
+    kind: str
+    data: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class NewSnapshot:
+    """A snapshot to write with an append: `state` is JSON text hashed by the caller."""
+
+    seq: int
+    state: str
+    sha256: str
+    trigger: str
+    created_at: float
+    schema_version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """A stored snapshot as read back."""
+
+    seq: int
+    state: str
+    sha256: str
+    schema_version: int
+    trigger: str
+    created_at: float

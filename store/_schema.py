@@ -1,0 +1,241 @@
+"""The tables (SQLModel classes), their indexes, the schema version and its migrations.
+
+The classes are the single description of the schema: `ddl()` compiles them to CREATE
+statements for either dialect. The store's queries are plain SQL against these column names
+(see `_api.py` for why), so a column rename here must be mirrored there; the contract suite
+catches a mismatch on both backends.
+
+The tables live in their own SQLModel registry, so a user's `SQLModel.metadata.create_all()`
+neither creates nor drops ours, and ours never picks up theirs.
+
+No foreign keys, on purpose: every insert into a child table is already guarded by a lookup
+of the run row in the same statement or transaction (that lookup is the fencing check), and
+`delete_runs` removes the run row first, then its children, in one transaction. A declared
+foreign key would add a second index probe and, on Postgres, a row lock per journal insert:
+the hot path would pay for a guarantee it already has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import BigInteger, Boolean, Index, Integer, Text, text
+from sqlalchemy.engine import Dialect as SADialect
+from sqlalchemy.orm import registry
+from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlmodel import Field, SQLModel
+
+from .errors import SchemaVersionError, StoreError
+
+__all__ = ["SCHEMA_VERSION", "MIGRATIONS", "ddl", "ensure_schema"]
+
+SCHEMA_VERSION = 1
+
+# A migration from version v to v+1 is MIGRATIONS[v](execute, dialect_name): `execute(sql)` runs
+# one statement inside the opening transaction (which holds the schema lock), so a migration is
+# all or nothing and two processes never run it twice.
+Migration = Callable[[Callable[[str], None], str], None]
+MIGRATIONS: dict[int, Migration] = {}
+
+# SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (no extra index, and
+# AUTOINCREMENT allowed); Postgres gets a BIGSERIAL.
+_PK = BigInteger().with_variant(Integer(), "sqlite")
+_DEFAULT_0 = {"server_default": text("0")}
+# Parts of a composite key, not generated ids.
+_NO_AUTOINCREMENT = {"autoincrement": False}
+
+
+class _Base(SQLModel, registry=registry()):
+    pass
+
+
+class MetaRow(_Base, table=True):
+    __tablename__ = "agentsaga_meta"
+
+    key: str = Field(primary_key=True)
+    value: str
+
+
+class RunRow(_Base, table=True):
+    __tablename__ = "agentsaga_runs"
+    __table_args__ = (
+        Index("ix_agentsaga_runs_created", "created_at"),
+        Index("ix_agentsaga_runs_status_created", "status", "created_at"),
+        Index("ix_agentsaga_runs_workflow_created", "workflow", "created_at"),
+        Index("ix_agentsaga_runs_claim", "status", "lease_expires_at"),
+        Index(
+            "ux_agentsaga_runs_dedup",
+            "dedup_key",
+            unique=True,
+            sqlite_where=text("dedup_key IS NOT NULL"),
+            postgresql_where=text("dedup_key IS NOT NULL"),
+        ),
+        # AUTOINCREMENT: a deleted run's pk is never handed to a new run, so nothing that
+        # remembered a pk (a log line, a half-finished gc) can point at the wrong run.
+        {"sqlite_autoincrement": True},
+    )
+
+    pk: int | None = Field(default=None, primary_key=True, sa_type=_PK)
+    run_id: str = Field(unique=True)
+    workflow: str
+    version: str
+    fingerprint: str
+    target: str
+    status: str
+    created_at: float
+    updated_at: float
+    finished_at: float | None = None
+    parent_run_id: str | None = None
+    error: str | None = Field(default=None, sa_type=Text)
+    lease_owner: str | None = None
+    lease_token: int = Field(default=0, sa_type=BigInteger, sa_column_kwargs=_DEFAULT_0)
+    lease_expires_at: float | None = None
+    queue: str | None = None
+    priority: int = Field(default=0, sa_column_kwargs=_DEFAULT_0)
+    dedup_key: str | None = None
+    wake_at: float | None = None
+    recoveries: int = Field(default=0, sa_column_kwargs=_DEFAULT_0)
+
+
+class EventRow(_Base, table=True):
+    __tablename__ = "agentsaga_events"
+    # WITHOUT ROWID stores rows in the primary-key b-tree itself: no hidden rowid and no
+    # separate (run_pk, seq) index, which is most of the bytes of a small event.
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    run_pk: int = Field(primary_key=True, sa_type=BigInteger, sa_column_kwargs=_NO_AUTOINCREMENT)
+    seq: int = Field(primary_key=True, sa_column_kwargs=_NO_AUTOINCREMENT)
+    kind: str
+    at: float
+    data: str = Field(sa_type=Text)
+
+
+class SnapshotRow(_Base, table=True):
+    __tablename__ = "agentsaga_snapshots"
+
+    run_pk: int = Field(primary_key=True, sa_type=BigInteger, sa_column_kwargs=_NO_AUTOINCREMENT)
+    seq: int = Field(primary_key=True, sa_column_kwargs=_NO_AUTOINCREMENT)
+    state: str = Field(sa_type=Text)
+    sha256: str
+    schema_version: int
+    trigger: str
+    created_at: float
+
+
+class BreakerRow(_Base, table=True):
+    __tablename__ = "agentsaga_breakers"
+
+    name: str = Field(primary_key=True)
+    state: str = Field(sa_type=Text)
+    version: int
+    updated_at: float
+
+
+class SignalRow(_Base, table=True):
+    __tablename__ = "agentsaga_signals"
+    __table_args__ = (
+        Index("ix_agentsaga_signals_run_consumed", "run_pk", "consumed"),
+        {"sqlite_autoincrement": True},
+    )
+
+    pk: int | None = Field(default=None, primary_key=True, sa_type=_PK)
+    run_pk: int = Field(sa_type=BigInteger)
+    name: str
+    data: str = Field(sa_type=Text)
+    sent_at: float
+    consumed: bool = Field(
+        default=False, sa_type=Boolean, sa_column_kwargs={"server_default": text("false")}
+    )
+
+
+_TABLES = [
+    RunRow.__table__,
+    EventRow.__table__,
+    SnapshotRow.__table__,
+    BreakerRow.__table__,
+    SignalRow.__table__,
+]
+
+
+def ddl(sa_dialect: SADialect) -> list[str]:
+    """CREATE ... IF NOT EXISTS statements for the whole schema except the meta table."""
+    out: list[str] = []
+    for table in _TABLES:
+        out.append(str(CreateTable(table, if_not_exists=True).compile(dialect=sa_dialect)))
+        for index in sorted(table.indexes, key=lambda i: i.name or ""):
+            out.append(str(CreateIndex(index, if_not_exists=True).compile(dialect=sa_dialect)))
+    return out
+
+
+def _meta_ddl(sa_dialect: SADialect) -> str:
+    return str(CreateTable(MetaRow.__table__, if_not_exists=True).compile(dialect=sa_dialect))
+
+
+def _stored_version(dialect, conn) -> int | None:
+    """The schema version recorded in the database; None for a fresh database."""
+    if dialect.fetchone(conn, dialect.table_exists_sql, ("agentsaga_meta",)) is None:
+        return None
+    row = dialect.fetchone(
+        conn, "SELECT value FROM agentsaga_meta WHERE key = ?", ("schema_version",)
+    )
+    if row is None:
+        return None
+    try:
+        return int(row[0])
+    except ValueError:
+        raise StoreError(
+            f"agentsaga_meta.schema_version is {row[0]!r}, not a number: the database is damaged"
+        ) from None
+
+
+def _refuse_newer(found: int) -> None:
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"database schema version {found} is newer than this agentsaga supports "
+            f"({SCHEMA_VERSION})",
+            found=found,
+            supported=SCHEMA_VERSION,
+        )
+
+
+def ensure_schema(dialect, conn) -> int | None:
+    """Create or migrate the schema on `conn`; return the version found (None: fresh).
+
+    The common case, a database already at this version, is two reads: no DDL and no lock,
+    so opening never waits for a busy writer and needs no CREATE privilege. Otherwise one
+    transaction first takes the dialect's schema lock, so processes racing to open a fresh
+    database take turns: the first creates everything, the others find the version row.
+    """
+    found = _stored_version(dialect, conn)
+    if found is not None:
+        _refuse_newer(found)
+        if found == SCHEMA_VERSION:
+            return found
+    sa_dialect = dialect.sa_dialect
+    with dialect.transaction(conn):
+        for sql in dialect.schema_lock_sql:
+            dialect.execute(conn, sql, ())
+        dialect.execute(conn, _meta_ddl(sa_dialect), ())
+        found = _stored_version(dialect, conn)  # again: another process may have won the race
+        if found is None:
+            for sql in ddl(sa_dialect):
+                dialect.execute(conn, sql, ())
+            dialect.execute(
+                conn,
+                "INSERT INTO agentsaga_meta (key, value) VALUES (?, ?)",
+                ("schema_version", str(SCHEMA_VERSION)),
+            )
+            return None
+        _refuse_newer(found)
+        for version in range(found, SCHEMA_VERSION):
+            migration = MIGRATIONS.get(version)
+            if migration is None:
+                raise StoreError(f"no migration registered from schema version {version}")
+            migration(lambda sql: dialect.execute(conn, sql, ()), dialect.name)
+        if found != SCHEMA_VERSION:
+            dialect.execute(
+                conn,
+                "UPDATE agentsaga_meta SET value = ? WHERE key = ?",
+                (str(SCHEMA_VERSION), "schema_version"),
+            )
+        return found

@@ -1,0 +1,243 @@
+"""Opening a store: URLs, options, schema creation and versioning, SQLite settings."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+from store_helpers import T0, ev, new_run, raw_connect
+
+from store import (
+    SCHEMA_VERSION,
+    ConfigError,
+    SchemaVersionError,
+    StoreError,
+    default_url,
+    open_store,
+)
+from store import _schema as schema_module  # the migration registry and version under test
+
+# -- URLs and options (no database needed) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "notaurl",
+        "",
+        "mysql://x",
+        "postgresql://:badport",
+        "postgresql://u:secret@h:99999/db",
+        "postgresql://u:secret@h:notaport/db",
+        "postgresql://u:secret@h/db?bogus_option=1",
+        "sqlite://user:secret@host/file.db",
+        "sqlite:///file.db?timeout=3",
+    ],
+)
+def test_malformed_url_is_a_config_error_naming_it_without_password(url):
+    # When opening a URL that cannot work
+    with pytest.raises(ConfigError) as raised:
+        open_store(url, retry_for=0)
+    # Then the error names the URL and the accepted schemes, never the password
+    message = str(raised.value)
+    assert "secret" not in message
+    assert url.replace("secret", "***") in message
+    assert "postgresql://" in message and "sqlite://" in message
+
+
+def test_unsupported_scheme_keeps_the_user_visible_but_masks_the_password():
+    with pytest.raises(ConfigError) as raised:
+        open_store("mysql://admin:hunter2@db.example/prod")
+    assert "mysql://admin:***@db.example/prod" in str(raised.value)
+    assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"sqlite_synchronous": "SOMETIMES"},
+        {"sqlite_journal_mode": "JOURNAL"},
+        {"busy_timeout": -1},
+        {"retry_for": "ten"},
+    ],
+)
+def test_bad_option_is_a_config_error(sqlite_url, options):
+    with pytest.raises(ConfigError):
+        open_store(sqlite_url, **options)
+
+
+def test_default_url_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("AGENTSAGA_DB", raising=False)
+    assert default_url() == "sqlite:///agentsaga.db"
+    monkeypatch.setenv("AGENTSAGA_DB", "postgresql://h/db")
+    assert default_url() == "postgresql://h/db"
+
+
+def test_open_without_url_uses_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("AGENTSAGA_DB", f"sqlite:///{tmp_path}/from-env.db")
+    with open_store() as s:
+        new_run(s, "r1")
+    assert (tmp_path / "from-env.db").exists()
+
+
+def test_relative_sqlite_path_is_in_the_working_directory(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with open_store("sqlite:///rel.db") as s:
+        new_run(s, "r1")
+    assert (tmp_path / "rel.db").exists()
+
+
+def test_sqlite_store_reports_dialect_and_url(sqlite_url):
+    with open_store(sqlite_url) as s:
+        assert (s.dialect, s.url) == ("sqlite", sqlite_url)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+psycopg"])
+def test_postgres_schemes_mean_psycopg_and_the_password_is_masked(pg_url, scheme):
+    # Given a URL with a password (trust auth ignores it) in each accepted spelling
+    url = f"{scheme}://postgres:pw123@" + pg_url.split("@", 1)[1]
+    # Then it opens a Postgres store whose URL and repr hide the password
+    with open_store(url) as s:
+        assert s.dialect == "postgresql"
+        assert "pw123" not in s.url and "pw123" not in repr(s)
+
+
+# -- schema -----------------------------------------------------------------------------------
+
+
+def test_reopening_keeps_data_and_schema(db_url):
+    with open_store(db_url) as first:
+        new_run(first, "r1", events=2)
+    with open_store(db_url) as second:
+        assert second.last_seq("r1") == 2
+        assert second.info()["schema_version"] == SCHEMA_VERSION
+
+
+def test_newer_schema_version_is_refused(db_url, raw_sql):
+    # Given a database whose meta row says a future agentsaga made it
+    open_store(db_url).close()
+    raw_sql("UPDATE agentsaga_meta SET value = '999' WHERE key = 'schema_version'")
+    # When this agentsaga opens it
+    with pytest.raises(SchemaVersionError) as raised:
+        open_store(db_url)
+    # Then it refuses, naming both versions
+    assert str(raised.value) == (
+        f"database schema version 999 is newer than this agentsaga supports ({SCHEMA_VERSION})"
+    )
+    assert (raised.value.found, raised.value.supported) == (999, SCHEMA_VERSION)
+
+
+def test_processes_racing_to_create_the_schema_all_succeed(db_url):
+    # Given a fresh database and six openers released at once
+    start = threading.Barrier(6)
+    results: list[object] = []
+
+    def opener() -> None:
+        start.wait()
+        try:
+            with open_store(db_url) as s:
+                results.append(s.count_by_status())
+        except BaseException as exc:  # collected: a failed opener must fail the test
+            results.append(exc)
+
+    threads = [threading.Thread(target=opener) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then every one opened the same, working, empty schema
+    assert results == [{}] * 6
+
+
+# -- SQLite settings --------------------------------------------------------------------------
+
+
+def test_sqlite_defaults_to_wal_and_synchronous_full(sqlite_url):
+    with open_store(sqlite_url) as s:
+        new_run(s, "r1")
+        info = s.info()
+        assert (info["journal_mode"], info["synchronous"], info["busy_timeout"]) == ("WAL", "FULL", 5.0)
+    # WAL is a property of the file, so a fresh connection sees it too
+    fresh = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    try:
+        assert fresh.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        fresh.close()
+
+
+def test_sqlite_settings_are_configurable(sqlite_url):
+    with open_store(sqlite_url, sqlite_synchronous="normal", sqlite_journal_mode="DELETE",
+                    busy_timeout=0.25) as s:
+        new_run(s, "r1")
+        info = s.info()
+        assert (info["journal_mode"], info["synchronous"], info["busy_timeout"]) == ("DELETE", "NORMAL", 0.25)
+    fresh = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    try:
+        assert fresh.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    finally:
+        fresh.close()
+
+
+def test_in_memory_sqlite_is_a_real_backend_shared_by_threads():
+    # Given an in-memory store (one connection, shared)
+    with open_store("sqlite://") as s:
+        token = new_run(s, "r1", events=0)
+
+        # When several threads append to it
+        def append(seq: int) -> None:
+            s.append("r1", [ev(seq)], token=token, now=T0)
+
+        threads = [threading.Thread(target=append, args=(seq,)) for seq in range(1, 9)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # Then all of them landed in the one database
+        assert [e.seq for e in s.events("r1")] == list(range(1, 9))
+        assert s.info()["path"] == ":memory:"
+    with open_store("sqlite:///:memory:") as other:
+        assert other.count_by_status() == {}
+
+
+def test_opening_an_up_to_date_database_needs_no_write_lock(sqlite_url):
+    # Given an existing database whose write lock another process holds
+    open_store(sqlite_url).close()
+    locker = raw_connect(sqlite_url)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        # When a reader opens it without any patience for locks
+        with open_store(sqlite_url, busy_timeout=0, retry_for=0) as s:
+            # Then it opens and reads (WAL readers never wait for the writer)
+            assert s.count_by_status() == {}
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+
+
+def test_older_schema_runs_registered_migrations_once(db_url, raw_sql, monkeypatch):
+    # Given a version-1 database, and this code at version 2 with a migration from 1
+    open_store(db_url).close()
+    calls: list[str] = []
+
+    def add_notes(execute, dialect_name):
+        calls.append(dialect_name)
+        execute("CREATE TABLE agentsaga_notes (note TEXT)")
+
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(schema_module.MIGRATIONS, 1, add_notes)
+    # When it is opened twice
+    open_store(db_url).close()
+    open_store(db_url).close()
+    # Then the migration ran once, and the database records version 2
+    assert len(calls) == 1
+    assert raw_sql("SELECT COUNT(*) FROM agentsaga_notes") == [(0,)]
+    assert raw_sql("SELECT value FROM agentsaga_meta WHERE key = 'schema_version'") == [("2",)]
+
+
+def test_damaged_version_row_is_a_store_error(db_url, raw_sql):
+    open_store(db_url).close()
+    raw_sql("UPDATE agentsaga_meta SET value = 'banana' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match="banana"):
+        open_store(db_url)
