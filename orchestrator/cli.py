@@ -115,9 +115,27 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _orchestrator(args) as orc:
-        res = orc.cancel(args.run_id, reason=args.reason)
+        res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
     _print_result(res, args.json)
     return 0
+
+
+def cmd_compensate(args: argparse.Namespace) -> int:
+    with _orchestrator(args) as orc:
+        res = orc.compensate(args.run_id)
+    _print_result(res, args.json)
+    return 0 if res.status == "compensated" else 1
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    to: int | str = int(args.to) if args.to.isdigit() else args.to
+    payload = _parse_json(args.input, "--input") if args.input else None
+    if payload is not None and not isinstance(payload, dict):
+        raise UsageError("--input must be a JSON object (it is merged into the checkpoint's state)")
+    with _orchestrator(args) as orc:
+        res = orc.rollback(args.run_id, to=to, input=payload, next_step=args.next)
+    _print_result(res, args.json)
+    return _exit_code(res)
 
 
 def _run_json(rec: RunRecord) -> dict[str, Any]:
@@ -185,6 +203,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("cancel", cmd_cancel, "cancel a run that has not finished")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--reason", default=None)
+    p.add_argument("--compensate", action="store_true", help="undo the run's completed effects first")
+
+    p = verb("compensate", cmd_compensate, "retry the remaining compensations of a compensation_failed run")
+    p.add_argument("run_id", metavar="RUN")
+
+    p = verb("rollback", cmd_rollback, "undo the effects after a checkpoint and continue the run from it")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--to", required=True, help="a journal seq at a tick boundary, or a step name")
+    p.add_argument("--input", metavar="JSON", help="merged into the checkpoint's state")
+    p.add_argument("--next", metavar="STEP", help="force the step the run continues with")
 
     p = verb("runs", cmd_runs, "list runs, newest first")
     p.add_argument("--status", action="append", help="filter by status (repeat or comma-separate)")

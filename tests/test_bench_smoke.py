@@ -1,0 +1,83 @@
+"""The benchmark scripts run and end with one JSON object (a smoke test: no timing thresholds).
+
+Given the quick mode of ``bench/core.py`` (and of ``bench/peers.py`` when the peers are
+installed), when it runs as a user would run it, then its last stdout line is JSON carrying every
+key the issues name, and the numbers that can be measured here are numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE_KEYS = {
+    "sqlite_ms_per_step", "sqlite_floor_ms", "sqlite_ratio", "pg_ms_per_step", "pg_floor_ms", "pg_ratio",
+    "bytes_per_step", "resume_ms_1k", "resume_ms_10k", "sqlite_effect_ms_per_step",
+}
+PEERS_KEYS = {"engines", "steps_ms", "workflows_per_s", "crash_resume", "bytes_per_step", "targets", "machine"}
+
+pytestmark = pytest.mark.slow
+
+
+def run_quick(script: str, timeout: float) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--quick"],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing; stderr: {proc.stderr[-2000:]}"
+    return json.loads(lines[-1])
+
+
+def is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def test_core_quick_prints_the_required_json():
+    # When
+    out = run_quick("core.py", timeout=240)
+    # Then
+    assert CORE_KEYS <= out.keys()
+    assert out["errors"] == {}, out["errors"]
+    for key in ("sqlite_ms_per_step", "sqlite_floor_ms", "sqlite_ratio", "bytes_per_step",
+                "resume_ms_1k", "resume_ms_10k"):
+        assert is_number(out[key]) and out[key] > 0, (key, out[key])
+    if out["pg_ms_per_step"] is None:
+        # Postgres absent is fine on a laptop, never in CI (a silent skip would hide a broken backend).
+        assert not os.environ.get("CI"), out.get("pg_reason")
+        assert out.get("pg_reason")
+    else:
+        assert is_number(out["pg_ratio"]) and is_number(out["pg_floor_ms"])
+    assert is_number(out["sqlite_effect_ms_per_step"]) or out.get("sqlite_effect_reason")
+
+
+def _peers_missing() -> str | None:
+    for mod in ("dbos", "langgraph.graph", "langgraph.checkpoint.sqlite"):
+        proc = subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            return f"{mod} not importable (pip install -e '.[bench]')"
+    return None
+
+
+def test_peers_quick_prints_the_required_json():
+    # Given
+    missing = _peers_missing()
+    if missing:
+        pytest.skip(missing)
+    # When
+    out = run_quick("peers.py", timeout=300)
+    # Then
+    assert PEERS_KEYS <= out.keys()
+    assert out["engines"]["agentsaga-sqlite"] is None, out["engines"]
+    assert is_number(out["steps_ms"]["systems"]["agentsaga-sqlite"]["median"])
+    for point, per in out["crash_resume"].items():
+        for engine, row in per.items():
+            assert row is not None, (point, engine, out["errors"])
+            assert row["final_ok"], (point, engine)
