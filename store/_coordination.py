@@ -49,8 +49,8 @@ class CoordinationMixin:
 
     def _fenced(self, run_id: str, token: int, current: int) -> FencedError:
         return FencedError(
-            f"run {run_id!r}: lease token {token} is stale (current token is {current});"
-            " another worker has taken the run over",
+            f"run {run_id!r}: lease token {token} is stale, the current token is {current}"
+            " (the run has been leased again since)",
             run_id=run_id,
             token=token,
             current_token=current,

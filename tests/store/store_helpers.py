@@ -11,7 +11,9 @@ from store import NewEvent, Store
 T0 = 1_700_000_000.0  # a fixed "now": the store never reads the clock, so neither do tests
 
 
-def ev(seq: int, kind: str = "StepCompleted", data: str | None = None, at: float | None = None) -> NewEvent:
+def ev(seq: int, kind: str = "StepCompleted", data: str | None = None,
+       at: float | None = None) -> NewEvent:
+    """An event; by default with a distinct payload and time per seq."""
     return NewEvent(seq=seq, kind=kind, data=data if data is not None else f'{{"n": {seq}}}',
                     at=at if at is not None else T0 + seq)
 

@@ -39,9 +39,13 @@ def test_create_run_and_events_round_trip(store):
     run = store.get_run("r1")
     assert (run.run_id, run.workflow, run.version, run.fingerprint, run.target) == (
         "r1", "research", "3", "fp1", '{"step": "plan"}')
-    assert (run.status, run.created_at, run.updated_at, run.finished_at) == ("pending", T0, T0, None)
+    assert (run.status, run.created_at, run.updated_at, run.finished_at) == (
+        "pending", T0, T0, None
+    )
     assert (run.parent_run_id, run.queue, run.priority, run.dedup_key) == ("r0", "q1", 5, "d1")
-    assert (run.lease_owner, run.lease_token, run.lease_expires_at, run.recoveries) == (None, 0, None, 0)
+    assert (run.lease_owner, run.lease_token, run.lease_expires_at, run.recoveries) == (
+        None, 0, None, 0
+    )
     assert store.events("r1") == [EventRecord(e.seq, e.kind, e.data, e.at) for e in events]
     assert store.last_seq("r1") == 2
 
@@ -52,7 +56,9 @@ def test_create_run_with_lease_owner_returns_token_1(store):
     # Then it holds token 1, expiring created_at + ttl
     run = store.get_run("r1")
     assert token == 1
-    assert (run.lease_owner, run.lease_token, run.lease_expires_at, run.status) == ("w1", 1, T0 + 30.0, "running")
+    assert (run.lease_owner, run.lease_token, run.lease_expires_at, run.status) == (
+        "w1", 1, T0 + 30.0, "running"
+    )
 
 
 def test_duplicate_run_id_raises_and_writes_nothing(store):
@@ -169,7 +175,9 @@ def test_append_is_all_or_nothing(store):
     assert raised.value.seq == 2
     assert [e.seq for e in store.events("r1")] == [1, 2]
     run = store.get_run("r1")
-    assert (run.status, run.finished_at, run.updated_at, run.lease_owner) == ("pending", None, T0, "w1")
+    assert (run.status, run.finished_at, run.updated_at, run.lease_owner) == (
+        "pending", None, T0, "w1"
+    )
     assert [s.seq for s in store.snapshots("r1")] == [2]
     assert [s[0] for s in store.pending_signals("r1")] == [signal]
 
@@ -194,7 +202,9 @@ def test_append_with_status_finishes_and_releases(store):
                  error="boom", finished=True, release_lease=True)
     # Then status, error, updated_at and finished_at are set; the lease is free, token kept
     run = store.get_run("r1")
-    assert (run.status, run.error, run.updated_at, run.finished_at) == ("failed", "boom", T0 + 50, T0 + 50)
+    assert (run.status, run.error, run.updated_at, run.finished_at) == (
+        "failed", "boom", T0 + 50, T0 + 50
+    )
     assert (run.lease_owner, run.lease_expires_at, run.lease_token) == (None, None, token)
     assert store.last_seq("r1") == 3
 
@@ -203,7 +213,9 @@ def test_append_status_without_finished_leaves_finished_at_empty(store):
     token = new_run(store, "r1")
     store.append("r1", [ev(2)], token=token, now=T0 + 5, status="running")
     run = store.get_run("r1")
-    assert (run.status, run.updated_at, run.finished_at, run.lease_owner) == ("running", T0 + 5, None, "w1")
+    assert (run.status, run.updated_at, run.finished_at, run.lease_owner) == (
+        "running", T0 + 5, None, "w1"
+    )
 
 
 def test_append_error_without_status_is_rejected(store):

@@ -158,7 +158,9 @@ def test_sqlite_defaults_to_wal_and_synchronous_full(sqlite_url):
     with open_store(sqlite_url) as s:
         new_run(s, "r1")
         info = s.info()
-        assert (info["journal_mode"], info["synchronous"], info["busy_timeout"]) == ("WAL", "FULL", 5.0)
+        assert (info["journal_mode"], info["synchronous"], info["busy_timeout"]) == (
+            "WAL", "FULL", 5.0
+        )
     # WAL is a property of the file, so a fresh connection sees it too
     fresh = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
     try:
@@ -172,7 +174,9 @@ def test_sqlite_settings_are_configurable(sqlite_url):
                     busy_timeout=0.25) as s:
         new_run(s, "r1")
         info = s.info()
-        assert (info["journal_mode"], info["synchronous"], info["busy_timeout"]) == ("DELETE", "NORMAL", 0.25)
+        assert (info["journal_mode"], info["synchronous"], info["busy_timeout"]) == (
+            "DELETE", "NORMAL", 0.25
+        )
     fresh = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
     try:
         assert fresh.execute("PRAGMA journal_mode").fetchone() == ("delete",)

@@ -96,8 +96,9 @@ def test_append_whose_commit_reply_was_lost_is_not_doubled(proxied_url, batch):
         proxy.arm(_INSERT_DONE if batch == 1 else _COMMIT_DONE)
         events = [ev(2 + i) for i in range(batch)]
         # When appending: the commit lands, the session dies, the store retries
-        store.append("r1", events, token=token, now=T0 + 5, status=None if batch == 1 else "running",
-                     snapshot=None if batch == 1 else NewSnapshot(3, "{}", "h", "every", T0))
+        extra = {} if batch == 1 else {"status": "running",
+                                       "snapshot": NewSnapshot(3, "{}", "h", "every", T0)}
+        store.append("r1", events, token=token, now=T0 + 5, **extra)
         # Then the retry recognised its own committed rows: one copy, no error
         assert proxy.ate.is_set()
         assert [e.seq for e in store.events("r1")] == list(range(1, 2 + batch))
@@ -116,7 +117,8 @@ def test_store_reconnects_after_its_session_is_killed(pg_url):
     try:
         token = new_run(store, "r1")
         killed = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,)
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (app,),
         ).fetchall()
         assert killed == [(True,)]
         # When the store is used again
