@@ -70,7 +70,8 @@ def machine(pg_url: str | None, pg_reason: str | None) -> dict:
     }
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
-        info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), None)
+        models = [ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")]
+        info["cpu"] = models[0] if models else None
     except (OSError, subprocess.SubprocessError):
         info["cpu"] = platform.processor() or None
     try:

@@ -26,7 +26,16 @@ import sys
 import tempfile
 import time
 
-from _floor import PgSchemas, pg_floor_once, pg_unavailable, pg_url, remove_sqlite, sqlite_floor_once, summary, with_search_path
+from _floor import (
+    PgSchemas,
+    pg_floor_once,
+    pg_unavailable,
+    pg_url,
+    remove_sqlite,
+    sqlite_floor_once,
+    summary,
+    with_search_path,
+)
 from _report import ChildError, check_import, fmt_num, fmt_summary, machine, run_child, table
 from _systems import REQUIRES
 
@@ -188,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             "floor_sqlite_1stmt": summary([sqlite_floor_once(os.path.join(workdir, "floor.db"), plan["floor_n"],
                                                              single=True)]),
             "floor_pg": None if core.pg_reason else summary([pg_floor_once(core.pg, plan["floor_n"])]),
-            "floor_pg_1stmt": None if core.pg_reason else summary([pg_floor_once(core.pg, plan["floor_n"], single=True)]),
+            "floor_pg_1stmt": None if core.pg_reason else summary(
+                [pg_floor_once(core.pg, plan["floor_n"], single=True)]),
             "sqlite": None, "pg": None}
         if not missing:
             effect, effect_reason = core.effect_steps()
@@ -228,16 +238,17 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         out["agentsaga_reason"] = f"engine not importable: {missing}"
 
+    pg_ok = not core.pg_reason
     rows = [
         ["sqlite floor (BEGIN; INSERT; COMMIT)", fmt_summary(steps.get("floor_sqlite")), "ms", ""],
         ["sqlite floor, 1 autocommit INSERT", fmt_summary(steps.get("floor_sqlite_1stmt")), "ms", ""],
         ["agentsaga sqlite, per step", fmt_summary(steps.get("sqlite")), "ms", ""],
-        ["  sqlite_ratio (per-rep pairs)", fmt_summary(steps.get("ratio_sqlite"), 2), "x", f"<= {TARGETS['sqlite_ratio']}"],
+        ["  sqlite_ratio (per-rep pairs)", fmt_summary(steps.get("ratio_sqlite"), 2), "x",
+         f"<= {TARGETS['sqlite_ratio']}"],
         ["  vs 1-INSERT floor", fmt_summary(steps.get("ratio_sqlite_1stmt"), 2), "x", ""],
-        ["postgres floor (INSERT; commit())", fmt_summary(steps.get("floor_pg")) if not core.pg_reason else "-", "ms", ""],
-        ["postgres floor, 1 autocommit INSERT", fmt_summary(steps.get("floor_pg_1stmt")) if not core.pg_reason else "-",
-         "ms", ""],
-        ["agentsaga postgres, per step", fmt_summary(steps.get("pg")) if not core.pg_reason else "-", "ms", ""],
+        ["postgres floor (INSERT; commit())", fmt_summary(steps.get("floor_pg")) if pg_ok else "-", "ms", ""],
+        ["postgres floor, 1 autocommit INSERT", fmt_summary(steps.get("floor_pg_1stmt")) if pg_ok else "-", "ms", ""],
+        ["agentsaga postgres, per step", fmt_summary(steps.get("pg")) if pg_ok else "-", "ms", ""],
         ["  pg_ratio (per-rep pairs)", fmt_summary(steps.get("ratio_pg"), 2), "x", f"<= {TARGETS['pg_ratio']}"],
         ["  vs 1-INSERT floor", fmt_summary(steps.get("ratio_pg_1stmt"), 2), "x", ""],
         ["agentsaga sqlite, effect step", fmt_summary(effect), "ms", ""],
@@ -248,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([f"resume after {point}: Orchestrator()->step", fmt_summary(r["resume_ms"] if r else None, 2), "ms",
                      f"<= {TARGETS['resume_ms_10k_abs']:.0f} and <= {TARGETS['resume_growth']:.0f}x 1k"
                      if label == "10k" else ""])
-        rows.append([f"  process start->step (interp+imports)", (fmt_summary(r["proc_ms"], 1) + f" ({fmt_num(med(r['interp_ms']), 0)}"
-                     f"+{fmt_num(med(r['import_ms']), 0)})") if r else "-", "ms", ""])
+        proc = "-"
+        if r:
+            split = f"{fmt_num(med(r['interp_ms']), 0)}+{fmt_num(med(r['import_ms']), 0)}"
+            proc = f"{fmt_summary(r['proc_ms'], 1)} ({split})"
+        rows.append(["  process start->step (interp+imports)", proc, "ms", ""])
     print(f"agentsaga core benchmark ({'quick' if args.quick else 'full'}; median (min-max) of {plan['reps']})")
     print(table(["measure", "value", "unit", "target"], rows))
     if core.pg_reason:
@@ -260,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error in {k}: {v[:300]}")
     print(f"(total {time.time() - t0:.0f} s)")
     out.update(quick=args.quick, plan=plan, extra=extra, errors=core.errors,
-               detail={"steps": steps, "effect": effect, "bytes": by, "resume": {str(k): v for k, v in resumes.items()}},
+               detail={"steps": steps, "effect": effect, "bytes": by,
+                       "resume": {str(k): v for k, v in resumes.items()}},
                machine=machine(core.pg, core.pg_reason))
     print(json.dumps(out))
     return 0

@@ -22,7 +22,16 @@ import sys
 import tempfile
 import time
 
-from _floor import PgSchemas, pg_floor_once, pg_unavailable, pg_url, remove_sqlite, sqlite_floor_once, summary, with_search_path
+from _floor import (
+    PgSchemas,
+    pg_floor_once,
+    pg_unavailable,
+    pg_url,
+    remove_sqlite,
+    sqlite_floor_once,
+    summary,
+    with_search_path,
+)
 from _hooks import read_ledger
 from _report import ChildError, check_import, fmt_num, fmt_summary, machine, run_child, table
 from _systems import REQUIRES, REQUIRES_PG, SYSTEMS, backend_of
@@ -321,7 +330,8 @@ def report(bench: Bench, res: dict) -> tuple[str, dict]:
     for s in bench.active:
         rows.append([s] + [fmt_num(by[label].get(s, {}).get(n), 0) if by[label].get(s, {}).get(n) is not None
                            else "-" for label in by for n in ns])
-    lines += ["Database bytes per step: growth during one N-step run / N (on a database already holding a finished 1-step run; SQLite: file+WAL after checkpoint; Postgres: tables+indexes+TOAST)",
+    lines += ["Database bytes per step: growth during one N-step run / N, on a database already holding a finished"
+              " 1-step run (SQLite: file+WAL after checkpoint; Postgres: tables+indexes+TOAST)",
               table(headers, rows), ""]
 
     targets = check_targets(res)

@@ -105,7 +105,8 @@ def main() -> int:
         prof.disable()
         profiled = (time.perf_counter() - t0) * 1000 / args.n
         system.close()
-        print(f"{'postgres' if args.pg else 'sqlite'}: {plain:.3f} ms/step plain, {profiled:.3f} ms/step under cProfile")
+        backend = "postgres" if args.pg else "sqlite"
+        print(f"{backend}: {plain:.3f} ms/step plain, {profiled:.3f} ms/step under cProfile")
         stats = pstats.Stats(prof)
         stats.strip_dirs().sort_stats(args.sort).print_stats(args.top)
     finally:
