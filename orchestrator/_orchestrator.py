@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from orchestrator import _codec as codec
+from orchestrator._audit import AuditMixin
 from orchestrator._engine import Engine, EngineConfig, Live
 from orchestrator._events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator._events import EventKind as K
@@ -37,7 +38,7 @@ def _default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class Orchestrator:
+class Orchestrator(AuditMixin):
     """Runs workflows durably against a store.
 
     ``url`` is a database URL (``sqlite:///file.db``, ``postgresql://...``); without it,
@@ -266,18 +267,6 @@ class Orchestrator:
         wf = self._workflow_for(rec, required=False)
         rs, _, _ = self.engine.restore(run_id, wf) if wf else self._fold_plain(run_id)
         return self._result(run_id, wf, rs, status=rec.status)
-
-    def get_run(self, run_id: str) -> RunRecord:
-        return self.store.get_run(run_id)
-
-    def list_runs(self, *, status: str | Sequence[str] | None = None, workflow: str | None = None,
-                  since: float | None = None, until: float | None = None, limit: int = 100) -> list[RunRecord]:
-        return self.store.list_runs(status=status, workflow=workflow, since=since, until=until, limit=limit)
-
-    def history(self, run_id: str) -> list[dict[str, Any]]:
-        """Every event of the run in order: ``{"seq", "kind", "at", "data"}`` with data decoded."""
-        self.store.get_run(run_id)
-        return [{"seq": e.seq, "kind": e.kind, "at": e.at, "data": codec.loads(e.data)} for e in self.store.events(run_id)]
 
     # -- internals -------------------------------------------------------------------------------
     def _create(self, workflow: Workflow, input: Any, *, run_id: str | None, lease: bool) -> Live | None:
