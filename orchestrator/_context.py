@@ -26,11 +26,13 @@ class StepContext:
     - ``ctx.failure``: when this step was reached through a failure route, the error that led here
     - ``ctx.idempotency_key``: for an effect (and a compensation), a key stable across retries and
       recoveries: send it to the outside world so a re-sent call is recognised (None otherwise)
+    - ``ctx.http`` / ``ctx.ahttp``: HTTP tool calls (sync / async, httpx underneath), journaled with
+      the step, redacted, guarded by circuit breakers, sending the idempotency key for effects
     - ``ctx.log``: a logger that tags records with the run and step
     """
 
     __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "idempotency_key", "log", "_trace",
-                 "_clock", "_t0")
+                 "_clock", "_t0", "tools", "_make_tools")
 
     def __init__(
         self,
@@ -43,6 +45,7 @@ class StepContext:
         clock: Callable[[], float],
         failure: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        make_tools: Any = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -51,6 +54,8 @@ class StepContext:
         self.tick = tick
         self.failure = failure
         self.idempotency_key = idempotency_key
+        self.tools: Any = None  # created on first use of ctx.http / ctx.ahttp
+        self._make_tools = make_tools
         self.log = logging.LoggerAdapter(_log, {"run_id": run_id, "step": step})
         self._trace: list[dict[str, Any]] = []
         self._clock = clock
@@ -62,6 +67,23 @@ class StepContext:
         if data:
             entry["data"] = data
         self._trace.append(entry)
+
+    @property
+    def http(self) -> Any:
+        """Synchronous HTTP tool calls (an ``HttpTool``): ``ctx.http.post(url, json=...)``."""
+        return self._step_tools("ctx.http").http
+
+    @property
+    def ahttp(self) -> Any:
+        """Async HTTP tool calls (an ``AsyncHttpTool``): ``await ctx.ahttp.post(url, json=...)``."""
+        return self._step_tools("ctx.ahttp").ahttp
+
+    def _step_tools(self, what: str) -> Any:
+        if self.tools is None:
+            if self._make_tools is None:
+                raise RuntimeError(f"{what} is only available inside a step run by an Orchestrator")
+            self.tools = self._make_tools()
+        return self.tools
 
     def now(self) -> _dt.datetime:
         return _dt.datetime.fromtimestamp(self._clock(), tz=_dt.timezone.utc)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
+import re
 import logging
 import random
 import time
@@ -34,10 +36,20 @@ from orchestrator._context import StepContext
 from orchestrator._events import TERMINAL_STATUSES
 from orchestrator._events import EventKind as K
 from orchestrator._fold import RunState, apply, fold
+from orchestrator._breakers import StoreBreakers
 from orchestrator._leases import Heartbeat
+from orchestrator._redact import Redactor
+from orchestrator._tools import StepTools, Tools
 from orchestrator._saga import Saga, SagaKind, has_pending_effects
 from compensations import Compensations, resolve_check, resolve_compensation
-from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError, RetryableToolError, StepTimeoutError
+from orchestrator.errors import (
+    EncodingError,
+    InDoubtError,
+    LoopLimitError,
+    PermanentToolError,
+    RetryableToolError,
+    StepTimeoutError,
+)
 from store import FencedError, NewEvent, NewSnapshot, SnapshotRecord, Store, StoreError
 from workflows import Retry, Workflow
 from workflows.errors import RoutingError
@@ -49,6 +61,7 @@ _log = logging.getLogger("agentsaga.engine")
 #: Layout version of a snapshot's JSON; a snapshot of another version is skipped, never trusted.
 SNAPSHOT_SCHEMA = 1
 _TRACEBACK_LIMIT = 8000
+_SECRET_HINT = re.compile(r"password|passwd|secret|token|api_?key|authori[sz]ation|bearer|cookie|sk-")
 
 
 @dataclass(slots=True)
@@ -133,10 +146,18 @@ def snapshot_problem(snap: SnapshotRecord) -> str | None:
 
 
 class Engine:
-    def __init__(self, store: Store, config: EngineConfig, *, registry: Compensations | None = None) -> None:
+    def __init__(self, store: Store, config: EngineConfig, *, registry: Compensations | None = None,
+                 tools: Tools | None = None) -> None:
         self.store = store
         self.cfg = config
         self.registry = registry
+        self.tools = tools or Tools(breakers=StoreBreakers(store, config.clock), registry=None, redactor=Redactor(),
+                                    clock=config.clock)
+        # A cheap pre-filter (under a microsecond for a small event): only texts that could hold a
+        # secret pay for a full redaction. Configured patterns, if any, are searched as given.
+        defaults = {p.pattern for p in Redactor()._each}
+        custom = [p for p in self.tools.redactor._each if p.pattern not in defaults]
+        self._custom_secrets = re.compile("|".join(f"(?:{p.pattern})" for p in custom)) if custom else None
         self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock)
         self.saga = Saga(self, registry)
 
@@ -149,7 +170,7 @@ class Engine:
         same transaction every ``snapshot_every`` events and at the end of the run.
         """
         cfg = self.cfg
-        texts = [(kind, codec.dumps(data, what=f"{kind} event")) for kind, data in batch]
+        texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
         now = cfg.clock()
         rs = live.rs
         reduce = live.wf.reduce
@@ -189,6 +210,16 @@ class Engine:
         )
         if snapshot is not None:
             live.last_snapshot_seq = snapshot.seq
+
+    def redact(self, text: str) -> str:
+        """Invariant 9: secrets never reach the journal (sensitive fields, configured patterns)."""
+        if _SECRET_HINT.search(text.lower()) is None and (
+                self._custom_secrets is None or self._custom_secrets.search(text) is None):
+            return text
+        redactor = self.tools.redactor
+        # Plain json, not the codec: tagged values stay tagged and only strings are touched.
+        cleaned = json.dumps(redactor.json(json.loads(text)), ensure_ascii=False, separators=(",", ":"))
+        return redactor.text(cleaned)
 
     @staticmethod
     def make_snapshot(rs: RunState, trigger: str, now: float) -> NewSnapshot:
@@ -314,10 +345,18 @@ class Engine:
         async def attempt_once() -> Any:
             nonlocal attempt
             attempt += 1
+            this = attempt
             ctx = StepContext(run_id=live.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
-                              clock=clock, failure=failure, idempotency_key=key)
+                              clock=clock, failure=failure, idempotency_key=key,
+                              make_tools=lambda: self.tools.for_step(key, this))
             holder[:] = [ctx]
-            return await self.call(step, ctx, view, offload)
+            try:
+                if step.breaker is None:
+                    return await self.call(step, ctx, view, offload)
+                return await self.guarded_call(step, ctx, view, offload)
+            finally:
+                if ctx.tools is not None:
+                    await ctx.tools.aclose()
 
         started = time.perf_counter()
         policy = step.retry
@@ -329,11 +368,13 @@ class Engine:
                 async def journal_retry(state: RetryCallState) -> None:
                     exc = state.outcome.exception() if state.outcome else None
                     delay = state.upcoming_sleep
-                    self.commit(live, [(K.STEP_FAILED, {
+                    data = {
                         "step": name, "tick": tick, "attempt": attempt,
                         "error": error_info(exc) if exc else {"type": "unknown", "message": ""},
                         "retry_in": round(delay, 6), "final": False,
-                    })])
+                    }
+                    _add_records(data, holder)
+                    self.commit(live, [(K.STEP_FAILED, data)])
 
                 retrying = AsyncRetrying(
                     sleep=self.cfg.sleep,
@@ -347,7 +388,7 @@ class Engine:
         except (StoreError, asyncio.CancelledError):
             raise  # the journal is unreachable or the lease is gone: stop, do not record a failure
         except Exception as exc:
-            self.fail_step(live, name, attempt, exc)
+            self.fail_step(live, name, attempt, exc, records=holder)
             return
         ms = round((time.perf_counter() - started) * 1000, 3)
         ctx = holder[0]
@@ -365,6 +406,7 @@ class Engine:
         traces = ctx.traces
         if traces:
             data["trace"] = traces
+        _add_records(data, holder)
         joins = wf.join_targets(name)
         if joins:
             data["join"] = joins
@@ -449,18 +491,42 @@ class Engine:
         except Exception as exc:
             raise _Permanent(RoutingError(f"router of step {name!r} raised {type(exc).__name__}: {exc}", step=name)) from exc
 
-    def fail_step(self, live: Live, name: str, attempt: int, exc: BaseException) -> None:
+    def fail_step(self, live: Live, name: str, attempt: int, exc: BaseException,
+                  records: list[StepContext] | None = None) -> None:
         """Journal a final failure; follow the failure route if the step has one, else give up."""
         step = live.wf.steps[name]
         info = error_info(exc)
         data: dict[str, Any] = {"step": name, "tick": live.rs.tick, "attempt": max(attempt, 1), "error": info,
                                 "retry_in": None, "final": True}
+        if records:
+            _add_records(data, records)
         if step.on_failure:
             data["route"] = step.on_failure
             self.commit(live, [(K.STEP_FAILED, data)])
             return
         self.commit(live, [(K.STEP_FAILED, data)])
         raise _GaveUp(name, info)
+
+    async def guarded_call(self, step: Any, ctx: StepContext, view: Any, offload: bool) -> Any:
+        """A step with ``breaker=``: fail fast while its breaker is open; feed it the outcome."""
+        breakers = self.tools.breakers
+        tools: StepTools = ctx._step_tools("breaker")
+        config = self.tools.registry.config_for(step.breaker) if isinstance(step.breaker, str) else step.breaker
+        transition = breakers.before_call(config)  # raises CircuitOpenError when open
+        if transition is not None:
+            tools.transitions.append(transition)
+        try:
+            result = await self.call(step, ctx, view, offload)
+        except Exception as exc:
+            # A permanent tool error means the tool answered: the caller was wrong, not the tool.
+            transition = breakers.after_call(config, isinstance(exc, PermanentToolError))
+            if transition is not None:
+                tools.transitions.append(transition)
+            raise
+        transition = breakers.after_call(config, True)
+        if transition is not None:
+            tools.transitions.append(transition)
+        return result
 
     async def call(self, step: Any, ctx: StepContext, view: Any, offload: bool) -> Any:
         """Call the step function: async on the loop; sync inline, or on a thread when running in
@@ -487,6 +553,17 @@ async def _with_timeout(awaitable: Awaitable[Any], timeout: float, name: str) ->
         if scope.expired():
             raise StepTimeoutError(f"step {name!r} timed out after {timeout:g}s") from None
         raise
+
+
+def _add_records(data: dict[str, Any], holder: list[StepContext]) -> None:
+    """The attempt's tool calls and breaker transitions go into its journal event."""
+    if not holder or holder[0].tools is None:
+        return
+    tools = holder[0].tools
+    if tools.calls:
+        data["calls"] = list(tools.calls)
+    if tools.transitions:
+        data["breakers"] = list(tools.transitions)
 
 
 def _summary(error: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,10 @@ from orchestrator._graphdiff import graph_differences
 from orchestrator._loader import load_target, target_of
 from orchestrator._result import RunResult
 from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError, WorkflowNotFoundError
-from compensations import Compensations
+from compensations import BreakerConfig, BreakerRegistry, Compensations, default_breakers
+from orchestrator._breakers import StoreBreakers
+from orchestrator._redact import Redactor
+from orchestrator._tools import Tools
 from orchestrator._saga import SagaKind, has_pending_effects
 from store import DuplicateRunError, NewEvent, RunRecord, Store, open_store
 from workflows import Workflow
@@ -53,6 +56,12 @@ class Orchestrator(AuditMixin):
     - ``store_options``: passed to ``store.open_store`` (e.g. ``sqlite_synchronous="NORMAL"``)
     - ``compensations``: a ``compensations.Compensations`` registry (compensations and check hooks
       keyed by effect name), for effects that do not carry their own
+    - ``breakers``: a ``compensations.BreakerRegistry`` of breaker settings (default: the process-wide
+      one that ``declare_breaker`` fills); breaker *state* lives in the store, shared by all processes
+    - ``redact``: extra regex patterns scrubbed from everything journaled (secrets never reach the
+      journal; Authorization headers, API keys and sensitive fields are redacted by default)
+    - ``max_body``: bytes of each HTTP request/response body kept in the journal (the rest is cut,
+      with a marker and the full size)
     """
 
     def __init__(
@@ -71,6 +80,9 @@ class Orchestrator(AuditMixin):
         store: Store | None = None,
         store_options: dict[str, Any] | None = None,
         compensations: Compensations | None = None,
+        breakers: BreakerRegistry | None = None,
+        redact: Iterable[str] = (),
+        max_body: int = 8192,
     ) -> None:
         if not isinstance(snapshot_every, int) or snapshot_every < 1:
             raise ConfigurationError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
@@ -84,6 +96,16 @@ class Orchestrator(AuditMixin):
         self.store = store if store is not None else open_store(url, **(store_options or {}))
         self._owns_store = store is None
         self.allow_graph_change = allow_graph_change
+        self._breakers = breakers if breakers is not None else default_breakers
+        for wf in self._workflows.values():
+            self._declare_breakers(wf)
+        the_clock = clock or (lambda: time.time())
+        try:
+            redactor = Redactor(patterns=tuple(redact))
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        tools = Tools(breakers=StoreBreakers(self.store, the_clock), registry=self._breakers, redactor=redactor,
+                      clock=the_clock, max_body=max_body)
         self.engine = Engine(
             self.store,
             EngineConfig(
@@ -91,11 +113,12 @@ class Orchestrator(AuditMixin):
                 keep_snapshots=keep_snapshots,
                 lease_ttl=float(lease_ttl),
                 owner=owner or _default_owner(),
-                clock=clock or (lambda: time.time()),
+                clock=the_clock,
                 sleep=sleep or asyncio.sleep,
                 rng=rng or random.Random(),
             ),
             registry=compensations,
+            tools=tools,
         )
 
     # -- setup -----------------------------------------------------------------------------------
@@ -112,10 +135,22 @@ class Orchestrator(AuditMixin):
             known = self._workflows.get(wf.name)
             if known is not None and known is not wf:
                 raise ConfigurationError(f"two different workflows are named {wf.name!r}")
+            if hasattr(self, "_breakers"):
+                self._declare_breakers(wf)
             self._workflows[wf.name] = wf
+
+    def _declare_breakers(self, wf: Workflow) -> None:
+        """A step may carry a ``BreakerConfig``: declare it, so two settings for one name fail here."""
+        for step in wf.steps.values():
+            if isinstance(step.breaker, BreakerConfig):
+                self._breakers.declare(step.breaker)
+            elif step.breaker is not None and not isinstance(step.breaker, str):
+                raise ConfigurationError(f"step {step.name!r}: breaker must be a name or a BreakerConfig, "
+                                         f"got {step.breaker!r}")
 
     def close(self) -> None:
         self.engine.heartbeat.stop()
+        self.engine.tools.close()
         if self._owns_store:
             self.store.close()
 

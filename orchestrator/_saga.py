@@ -187,8 +187,10 @@ class Saga:
             attempt += 1
             engine.commit(live, [(SagaKind.COMPENSATION_STARTED, {
                 "effect": effect.seq, "step": effect.step, "key": effect.key, "attempt": attempt})])
+            undo_key, this = f"{effect.key}:compensate", attempt
             ctx = StepContext(run_id=live.run_id, workflow=live.wf.name, step=effect.step, attempt=attempt,
-                              tick=effect.tick, clock=engine.cfg.clock, idempotency_key=f"{effect.key}:compensate")
+                              tick=effect.tick, clock=engine.cfg.clock, idempotency_key=undo_key,
+                              make_tools=lambda: engine.tools.for_step(undo_key, this))
             try:
                 result = handler(ctx, effect)
                 if inspect.isawaitable(result):
@@ -200,9 +202,10 @@ class Saga:
 
                 retry = policy.should_retry(exc, attempt)
                 delay = policy.backoff(attempt, engine.cfg.rng.random()) if retry else None
-                engine.commit(live, [(SagaKind.COMPENSATION_FAILED, {
-                    "effect": effect.seq, "step": effect.step, "attempt": attempt, "error": error_info(exc),
-                    "retry_in": round(delay, 6) if delay is not None else None, "final": not retry})])
+                failed = {"effect": effect.seq, "step": effect.step, "attempt": attempt, "error": error_info(exc),
+                          "retry_in": round(delay, 6) if delay is not None else None, "final": not retry}
+                await _close_tools(ctx, failed)
+                engine.commit(live, [(SagaKind.COMPENSATION_FAILED, failed)])
                 if not retry:
                     engine.commit(live, [(SagaKind.SAGA_FAILED, {
                         "effect": effect.seq, "step": effect.step, "key": effect.key, "attempts": attempt,
@@ -216,5 +219,18 @@ class Saga:
             trace = ctx.traces
             if trace:
                 data["trace"] = trace
+            await _close_tools(ctx, data)
             engine.commit(live, [(SagaKind.COMPENSATION_COMPLETED, data)])
             return True
+
+
+async def _close_tools(ctx: StepContext, data: dict[str, Any]) -> None:
+    """A compensation's HTTP calls are journaled with its outcome, like a step's."""
+    tools = ctx.tools
+    if tools is None:
+        return
+    if tools.calls:
+        data["calls"] = list(tools.calls)
+    if tools.transitions:
+        data["breakers"] = list(tools.transitions)
+    await tools.aclose()

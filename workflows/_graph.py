@@ -102,7 +102,7 @@ class Workflow:
         compensate: Callable[..., Any] | str | None = None,
         check: Callable[..., Any] | None = None,
         resend: bool | None = None,
-        breaker: str | None = None,
+        breaker: Any = None,
     ) -> Any:
         """Register a sync or async function ``(ctx, state) -> update`` as a step."""
 

@@ -38,7 +38,7 @@ class Step:
     compensate: Callable[..., Any] | str | None = None
     check: Callable[..., Any] | None = None
     resend: bool | None = None
-    breaker: str | None = None
+    breaker: Any = None  # a breaker name, or a compensations.BreakerConfig
     description: str | None = None
 
     @property

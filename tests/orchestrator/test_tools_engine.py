@@ -1,0 +1,112 @@
+"""ctx.http inside steps: journaled calls, idempotency keys, redaction down to the database file,
+and store-backed circuit breakers that a graph can route around."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from compensations import BreakerConfig, BreakerRegistry
+from orchestrator import Orchestrator
+from workflows import END, Workflow
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from booking_service import BookingService  # noqa: E402
+
+SECRET = "sk-live0123456789abcdefghijklmnop"
+
+
+@pytest.fixture
+def service():
+    with BookingService() as svc:
+        yield svc
+
+
+def test_http_calls_are_journaled_with_the_effect_key(db_url, service):
+    wf = Workflow("book-one")
+
+    @wf.step(start=True, effect=True, compensate=lambda ctx, e: None)
+    def book(ctx, state):
+        r = ctx.http.post(f"{state['api']}/flights", json={"to": "Oslo"})
+        return {"flight": r.json()["id"]}
+
+    wf.edge("book", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {"api": service.url}, run_id="h1")
+        history = orc.history("h1")
+    assert result.status == "completed"
+    [completed] = [e["data"] for e in history if e["kind"] == "StepCompleted"]
+    [call] = completed["calls"]
+    assert call["method"] == "POST" and call["status"] == 201 and call["idempotency_key"] == "h1:book:0"
+    assert service.ledger()[0]["idempotency_key"] == "h1:book:0"
+
+
+def test_secrets_never_reach_the_database(db_url, service, tmp_path):
+    # Given a step that sends an API key in a header and in its arguments, and returns one
+    wf = Workflow("leaky")
+
+    @wf.step(start=True)
+    def call(ctx, state):
+        ctx.http.post(f"{state['api']}/hotels?api_key={SECRET}", json={"city": "Rome", "password": "hunter22"},
+                      headers={"Authorization": f"Bearer {SECRET}"})
+        ctx.trace("called with a token", token=SECRET)
+        return {"api_key": SECRET, "note": f"used {SECRET}", "internal": "ACME-7781-PRIVATE"}
+
+    wf.edge("call", END)
+    with Orchestrator(db_url, workflows=[wf], redact=[r"ACME-\d{4}-PRIVATE"]) as orc:
+        result = orc.run(wf, {"api": service.url}, run_id="leak")
+        assert result.status == "completed"
+        texts = [e.data for e in orc.store.events("leak")] + [s.state for s in orc.store.snapshots("leak")]
+    # Then neither the events nor the snapshots hold the secrets, whatever path they took
+    for text in texts:
+        assert SECRET not in text and "hunter22" not in text and "ACME-7781-PRIVATE" not in text
+    assert any("[REDACTED]" in t for t in texts)
+    # And on SQLite, not a byte of them is in the database files either
+    if db_url.startswith("sqlite"):
+        for path in Path(db_url.removeprefix("sqlite:///")).parent.glob("agentsaga.db*"):
+            raw = path.read_bytes()
+            assert SECRET.encode() not in raw and b"hunter22" not in raw, path
+
+
+def test_an_open_breaker_fails_fast_and_the_graph_routes_around_it(db_url):
+    # Given a step guarded by a breaker that opens after 2 failures, with a fallback route
+    registry = BreakerRegistry()
+    flaky = BreakerConfig(name="search-api", failure_threshold=2, reset_timeout=60)
+    calls = []
+    wf = Workflow("search")
+
+    @wf.step(start=True, breaker=flaky, on_failure="cached")
+    def search(ctx, state):
+        calls.append(1)
+        raise ConnectionError("search API is down")
+
+    @wf.step()
+    def cached(ctx, state):
+        return {"source": "cache", "why": ctx.failure["type"]}
+
+    wf.edge("search", END)
+    wf.edge("cached", END)
+    now = [1_000.0]
+    with Orchestrator(db_url, workflows=[wf], breakers=registry, clock=lambda: now[0]) as orc:
+        # When two runs fail, and a third starts
+        first = [orc.run(wf, {}, run_id=f"s{i}") for i in range(3)]
+        history = orc.history("s1")
+    # Then the third never called the API: the breaker failed it fast, and the fallback answered
+    assert len(calls) == 2
+    assert [r.state for r in first] == [{"source": "cache", "why": "ConnectionError"}] * 2 + [
+        {"source": "cache", "why": "orchestrator.errors.CircuitOpenError"}]
+    # And the run that tripped it journaled the transition
+    failed = [e["data"] for e in history if e["kind"] == "StepFailed"]
+    assert failed[0]["breakers"][0]["to"] == "open"
+
+
+def test_one_breaker_name_with_two_configurations_is_an_error(db_url):
+    wf1, wf2 = Workflow("a"), Workflow("b")
+    wf1.step(name="x", start=True, breaker=BreakerConfig(name="pay", failure_threshold=3))(lambda c, s: None)
+    wf2.step(name="y", start=True, breaker=BreakerConfig(name="pay", failure_threshold=5))(lambda c, s: None)
+    from compensations import BreakerConfigError
+
+    with pytest.raises(BreakerConfigError, match="pay"):
+        Orchestrator(db_url, workflows=[wf1, wf2], breakers=BreakerRegistry())
