@@ -235,3 +235,24 @@ def test_cancel_with_compensate_undoes_completed_effects(make):
     assert world.cancelled == ["hotel-2", "flight-1"]
     # And the car, in doubt when the process died, is reported rather than silently forgotten
     assert orc.history("t8")[-1]["data"]["in_doubt"] == [{"step": "book_car", "key": "t8:book_car:2"}]
+
+
+def test_rollback_with_a_forced_next_step_takes_the_other_route(make):
+    # Given a completed trip
+    world = World()
+    wf = trip_workflow(world)
+    orc = make(wf)
+    orc.run(wf, {"card": "ok"}, run_id="t9")
+    # When it is rolled back to before the hotel and sent straight to the car (no hotel this time)
+    result = orc.rollback("t9", to="book_hotel", next_step="book_car")
+    # Then the car and the hotel were undone, the flight kept, and the new route skipped the hotel
+    assert world.cancelled == ["car-3", "hotel-2"]
+    assert result.status == "completed" and "hotel" not in result.state
+    assert result.state["car"] == "car-4" and result.state["flight"] == "flight-1"
+    steps_after = [e["data"]["step"] for e in orc.history("t9")
+                   if e["kind"] == "StepCompleted" and e["seq"] > _rolled_back_seq(orc, "t9")]
+    assert steps_after == ["book_car", "pay"]
+
+
+def _rolled_back_seq(orc, run_id):
+    return next(e["seq"] for e in orc.history(run_id) if e["kind"] == "RolledBack")
