@@ -28,11 +28,15 @@ class StepContext:
       recoveries: send it to the outside world so a re-sent call is recognised (None otherwise)
     - ``ctx.http`` / ``ctx.ahttp``: HTTP tool calls (sync / async, httpx underneath), journaled with
       the step, redacted, guarded by circuit breakers, sending the idempotency key for effects
+    - ``ctx.durable_call(kind, request, perform)`` / ``await ctx.adurable_call(...)``: a call journaled
+      the moment it returns and never performed twice for the same request (model calls)
+    - ``ctx.wait_for(name, timeout=None)``: the data of a signal, parking the run until it arrives
+    - ``ctx.sleep(seconds)``: a durable timer that survives restarts
     - ``ctx.log``: a logger that tags records with the run and step
     """
 
     __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "idempotency_key", "log", "_trace",
-                 "_clock", "_t0", "tools", "_make_tools")
+                 "_clock", "_t0", "tools", "_make_tools", "_runtime")
 
     def __init__(
         self,
@@ -46,6 +50,7 @@ class StepContext:
         failure: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         make_tools: Any = None,
+        runtime: Any = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -56,6 +61,7 @@ class StepContext:
         self.idempotency_key = idempotency_key
         self.tools: Any = None  # created on first use of ctx.http / ctx.ahttp
         self._make_tools = make_tools
+        self._runtime = runtime
         self.log = logging.LoggerAdapter(_log, {"run_id": run_id, "step": step})
         self._trace: list[dict[str, Any]] = []
         self._clock = clock
@@ -84,6 +90,27 @@ class StepContext:
                 raise RuntimeError(f"{what} is only available inside a step run by an Orchestrator")
             self.tools = self._make_tools()
         return self.tools
+
+    def _rt(self, what: str) -> Any:
+        if self._runtime is None:
+            raise RuntimeError(f"ctx.{what} is only available inside a step run by an Orchestrator")
+        return self._runtime
+
+    def durable_call(self, kind: str, request: Any, perform: Any) -> Any:
+        """Perform ``perform()`` once per step execution and request; journal its JSON response."""
+        return self._rt("durable_call").durable_call(kind, request, perform)
+
+    async def adurable_call(self, kind: str, request: Any, perform: Any) -> Any:
+        """The async twin of ``durable_call``: ``perform`` returns an awaitable."""
+        return await self._rt("adurable_call").adurable_call(kind, request, perform)
+
+    def wait_for(self, name: str, timeout: float | None = None) -> Any:
+        """Return signal ``name``'s data; until it is sent, the run waits (status ``waiting``)."""
+        return self._rt("wait_for").wait_for(name, timeout)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep durably: the run parks and wakes after ``seconds``, even across restarts."""
+        self._rt("sleep").sleep(seconds)
 
     def now(self) -> _dt.datetime:
         return _dt.datetime.fromtimestamp(self._clock(), tz=_dt.timezone.utc)

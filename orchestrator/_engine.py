@@ -20,6 +20,7 @@ import hashlib
 import inspect
 import json
 import re
+import threading
 import logging
 import random
 import time
@@ -33,6 +34,7 @@ from tenacity.wait import wait_base
 
 from orchestrator import _codec as codec
 from orchestrator._context import StepContext
+from orchestrator._durable import StepRuntime, Suspend
 from orchestrator._events import TERMINAL_STATUSES
 from orchestrator._events import EventKind as K
 from orchestrator._fold import RunState, apply, fold
@@ -160,9 +162,21 @@ class Engine:
         self._custom_secrets = re.compile("|".join(f"(?:{p.pattern})" for p in custom)) if custom else None
         self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock)
         self.saga = Saga(self, registry)
+        #: called as on_event(run_id, events) after each commit (the CLI's progress lines); None: off
+        self.on_event: Callable[[str, list[NewEvent]], None] | None = None
+        self.replay: Any = None  # a Cassette when replaying recorded responses
+        self._commit_lock = threading.RLock()
 
     # -- journal ---------------------------------------------------------------------------------
-    def commit(self, live: Live, batch: list[tuple[str, dict[str, Any]]], *, trigger: str | None = None) -> None:
+    def commit(self, live: Live, batch: list[tuple[str, dict[str, Any]]], *, trigger: str | None = None,
+               consume_signals: list[int] | None = None) -> None:
+        # Parallel sync steps run on threads and may journal durable calls from there: one writer
+        # at a time per process keeps seq numbers and the folded state consistent.
+        with self._commit_lock:
+            self._commit(live, batch, trigger=trigger, consume_signals=consume_signals)
+
+    def _commit(self, live: Live, batch: list[tuple[str, dict[str, Any]]], *, trigger: str | None,
+                consume_signals: list[int] | None) -> None:
         """Append ``batch`` in one transaction and fold it into the live state.
 
         When the batch empties the frontier, ``RunCompleted`` joins the same transaction; a terminal
@@ -207,9 +221,12 @@ class Engine:
             snapshot=snapshot,
             keep_snapshots=cfg.keep_snapshots if snapshot is not None else None,
             release_lease=status in TERMINAL_STATUSES,
+            consume_signals=consume_signals or (),
         )
         if snapshot is not None:
             live.last_snapshot_seq = snapshot.seq
+        if self.on_event is not None:
+            self.on_event(live.run_id, events)
 
     def redact(self, text: str) -> str:
         """Invariant 9: secrets never reach the journal (sensitive fields, configured patterns)."""
@@ -278,23 +295,34 @@ class Engine:
                     try:
                         await self.run_step(live, pending[0], offload=False)
                         outcomes.append(None)
-                    except _GaveUp as gave_up:
-                        outcomes.append(gave_up)
+                    except (_GaveUp, Suspend) as stopped:
+                        outcomes.append(stopped)
                 else:
                     results = await asyncio.gather(
                         *(self.run_step(live, name, offload=True) for name in pending), return_exceptions=True
                     )
                     outcomes = list(results)
-                    # Anything but a step giving up (fencing, the store, cancellation) stops the drive.
+                    # Anything but a step giving up or waiting (fencing, the store, cancellation)
+                    # stops the drive.
                     for outcome in outcomes:
-                        if isinstance(outcome, BaseException) and not isinstance(outcome, _GaveUp):
+                        if isinstance(outcome, BaseException) and not isinstance(outcome, (_GaveUp, Suspend)):
                             raise outcome
                 failures = [o for o in outcomes if isinstance(o, _GaveUp)]
                 if failures:
                     await self.on_run_failure(live, failures)
+                    continue
+                waits = [o for o in outcomes if isinstance(o, Suspend)]
+                if waits:
+                    self.park(live, min(w.wake_at for w in waits))
+                    break
         finally:
             hb.drop(live.run_id)
         return live.rs
+
+    def park(self, live: Live, wake_at: float) -> None:
+        """The run waits: claims skip it until ``wake_at`` (or a signal wakes it); the lease goes."""
+        self.store.set_wake_at(live.run_id, token=live.token, wake_at=wake_at, now=self.cfg.clock())
+        self.store.release_lease(live.run_id, token=live.token, now=self.cfg.clock())
 
     async def on_run_failure(self, live: Live, failures: list[_GaveUp]) -> None:
         """A step gave up with no failure route: the run fails (the saga layer compensates first)."""
@@ -348,7 +376,8 @@ class Engine:
             this = attempt
             ctx = StepContext(run_id=live.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
                               clock=clock, failure=failure, idempotency_key=key,
-                              make_tools=lambda: self.tools.for_step(key, this))
+                              make_tools=lambda: self.tools.for_step(key, this),
+                              runtime=StepRuntime(self, live, name, tick))
             holder[:] = [ctx]
             try:
                 if step.breaker is None:
@@ -385,6 +414,12 @@ class Engine:
                     reraise=True,
                 )
                 result = await retrying(attempt_once)
+        except Suspend as suspend:
+            # The step waits for a signal or a timer: journal that (the run becomes waiting).
+            # Journaled on every suspension (also when a woken step waits again), so the journal alone
+            # says the run is waiting (invariant 2); the timeout or wake-up time is kept from the first.
+            self.commit(live, [(suspend.kind, dict(suspend.data))])
+            raise
         except (StoreError, asyncio.CancelledError):
             raise  # the journal is unreachable or the lease is gone: stop, do not record a failure
         except Exception as exc:

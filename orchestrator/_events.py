@@ -25,5 +25,6 @@ class EventKind:
 
 #: A run in one of these never runs a step again.
 TERMINAL_STATUSES: Final = frozenset({"completed", "failed", "cancelled", "compensated", "compensation_failed"})
-#: Runs that recovery may pick up (once their lease is free or expired).
-ACTIVE_STATUSES: Final = ("pending", "running", "compensating")
+#: Runs that recovery may pick up (once their lease is free or expired; a waiting run once its
+#: timer is due or a signal woke it).
+ACTIVE_STATUSES: Final = ("pending", "running", "compensating", "waiting")

@@ -57,6 +57,14 @@ class RunState:
     saga: dict[str, Any] | None = None
     #: incremented by each rollback, so effects re-made after one get fresh idempotency keys
     epoch: int = 0
+    #: durable calls of steps not yet completed: step -> {index: {kind, request, response}}
+    calls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: signal waits in progress: "step:name" -> {timeout_at}
+    waits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: signals received by steps not yet completed: "step:name" -> data
+    received: dict[str, Any] = field(default_factory=dict)
+    #: durable timers of steps not yet completed: "step:index" -> wake_at
+    timers: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +84,10 @@ class RunState:
             "effects": self.effects,
             "saga": self.saga,
             "epoch": self.epoch,
+            "calls": self.calls,
+            "waits": self.waits,
+            "received": self.received,
+            "timers": self.timers,
         }
 
     @classmethod
@@ -115,12 +127,26 @@ def _step_completed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Red
     rs.failures.pop(step, None)
     rs.in_flight.pop(step, None)
     rs.visits[step] = rs.visits.get(step, 0) + 1
+    _forget_step(rs, step)
     _maybe_advance(rs, seq, reduce)
+
+
+def _forget_step(rs: RunState, step: str, *, keep_waits: bool = False) -> None:
+    """A step execution ended: its durable calls (and, when it completed, its waits) are done with."""
+    rs.calls.pop(step, None)
+    if keep_waits or not (rs.waits or rs.received or rs.timers):
+        return
+    prefix = step + ":"
+    for table in (rs.waits, rs.received, rs.timers):
+        for key in [k for k in table if k.startswith(prefix)]:
+            del table[key]
 
 
 def _step_failed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
     rs.in_flight.pop(step, None)
+    # A retry is a fresh attempt (its calls are made again); signals it received stay its own.
+    _forget_step(rs, step, keep_waits=not data.get("final"))
     route = data.get("route")
     if data.get("final") and route:
         # The failure route counts as the step's completion with no update.
@@ -172,6 +198,11 @@ def _run_ended(status: str) -> Callable[[RunState, int, Mapping[str, Any], Reduc
     return apply_end
 
 
+def _resumed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    if rs.status == "waiting":
+        rs.status = "running"
+
+
 def _no_change(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     return None
 
@@ -184,7 +215,7 @@ _APPLY: dict[str, Callable[[RunState, int, Mapping[str, Any], Reduce], None]] = 
     K.RUN_COMPLETED: _run_ended("completed"),
     K.RUN_FAILED: _run_ended("failed"),
     K.RUN_CANCELLED: _run_ended("cancelled"),
-    K.RESUMED: _no_change,
+    K.RESUMED: _resumed,
     K.SNAPSHOT_REJECTED: _no_change,
 }
 

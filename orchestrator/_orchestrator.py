@@ -62,6 +62,8 @@ class Orchestrator(AuditMixin):
       journal; Authorization headers, API keys and sensitive fields are redacted by default)
     - ``max_body``: bytes of each HTTP request/response body kept in the journal (the rest is cut,
       with a marker and the full size)
+    - ``replay``: a ``Cassette`` of recorded responses: durable calls (model calls, tools) are
+      answered from it instead of the network, and a request that differs is an error
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Orchestrator(AuditMixin):
         breakers: BreakerRegistry | None = None,
         redact: Iterable[str] = (),
         max_body: int = 8192,
+        replay: Any = None,
     ) -> None:
         if not isinstance(snapshot_every, int) or snapshot_every < 1:
             raise ConfigurationError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
@@ -120,6 +123,7 @@ class Orchestrator(AuditMixin):
             registry=compensations,
             tools=tools,
         )
+        self.engine.replay = replay
 
     # -- setup -----------------------------------------------------------------------------------
     @property
@@ -183,6 +187,26 @@ class Orchestrator(AuditMixin):
         """Cancel a run that has not finished; a process still driving it is fenced out. With
         ``compensate=True`` its completed effects are undone first, newest first."""
         return _sync(self.acancel(run_id, reason=reason, compensate=compensate))
+
+    def signal(self, run_id: str, name: str, data: Any = None) -> None:
+        """Send signal ``name`` (JSON data) to a run, from any process. A run waiting for it is
+        woken (``recover`` or a worker continues it); one not yet waiting gets it when it waits."""
+        rec = self.store.get_run(run_id)
+        if rec.status in TERMINAL_STATUSES:
+            raise RunStateError(f"run {run_id!r} is {rec.status}; it waits for no signal")
+        if not isinstance(name, str) or not name:
+            raise RunStateError(f"a signal needs a name, got {name!r}")
+        if rec.status == "waiting":
+            wf = self._workflow_for(rec, required=False)
+            rs = self.engine.restore(run_id, wf)[0] if wf else self._fold_plain(run_id)[0]
+            waiting_for = sorted({key.split(":", 1)[1] for key in rs.waits})
+            if waiting_for and name not in waiting_for:
+                raise RunStateError(f"run {run_id!r} is waiting for {', '.join(map(repr, waiting_for))}, "
+                                    f"not {name!r}")
+        text = codec.dumps(data, what=f"data of signal {name!r}")
+        now = self.engine.cfg.clock()
+        self.store.send_signal(run_id, name, text, now=now)
+        self.store.wake(run_id, now=now)
 
     def compensate(self, run_id: str) -> RunResult:
         """Retry the remaining compensations of a run left ``compensation_failed``."""

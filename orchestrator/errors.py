@@ -12,6 +12,10 @@
      ├── RunStateError           the run's status does not allow the operation (e.g. cancel a finished run)
      ├── RunFailedError          raised by ``RunResult.raise_for_status()`` for a run that did not complete
      ├── InDoubtError            an effect may or may not have happened and can be neither checked nor re-sent
+     ├── WaitTimeoutError        ctx.wait_for's timeout passed before the signal arrived (also a TimeoutError)
+     ├── ReplayError             replaying against a cassette went wrong
+     │    ├── ReplayMismatchError  the request made differs from the one recorded (the message shows the diff)
+     │    └── ReplayMissingError   the cassette holds no response for this call
      └── ToolError               a call to the outside world failed
           ├── RetryableToolError connect error, timeout, 429 or 5xx: worth retrying (carries retry_after)
           ├── PermanentToolError another 4xx, or an auth failure: retrying will not help
@@ -31,6 +35,10 @@ __all__ = [
     "RunStateError",
     "RunFailedError",
     "InDoubtError",
+    "WaitTimeoutError",
+    "ReplayError",
+    "ReplayMismatchError",
+    "ReplayMissingError",
     "ToolError",
     "RetryableToolError",
     "PermanentToolError",
@@ -122,3 +130,19 @@ class CircuitOpenError(ToolError):
     def __init__(self, message: str, *, tool: str | None = None, retry_at: float | None = None) -> None:
         self.retry_at = retry_at
         super().__init__(message, tool=tool)
+
+
+class WaitTimeoutError(OrchestratorError, TimeoutError):
+    """``ctx.wait_for``'s timeout passed before the signal arrived."""
+
+
+class ReplayError(OrchestratorError):
+    """Replaying a run against recorded responses went wrong."""
+
+
+class ReplayMismatchError(ReplayError):
+    """The request made differs from the one recorded; the message shows the difference."""
+
+
+class ReplayMissingError(ReplayError):
+    """The cassette holds no recorded response for this call."""

@@ -145,6 +145,15 @@ class CoordinationMixin:
             params += [status, now]
         self._guarded_update("set_wake_at", run_id, token, sets, params)
 
+    def wake(self, run_id: str, *, now: float, statuses: Sequence[str] = ("waiting",)) -> bool:
+        """Make a parked run claimable now (a signal arrived); True if a run in `statuses` was woken.
+
+        Unfenced on purpose: it changes only when the run may be claimed, never its journal.
+        """
+        statuses = list(statuses)
+        sql = (f"UPDATE agentsaga_runs SET wake_at = ? WHERE run_id = ? AND status IN ({_marks(len(statuses))})")
+        return self._b.run("wake", lambda conn: self._d.execute(conn, sql, (now, run_id, *statuses)).rowcount == 1)
+
     def claim_runs(
         self, *, owner: str, ttl: float, now: float,
         statuses: Sequence[str] = ("pending", "running"), limit: int = 10,

@@ -1,0 +1,196 @@
+"""Durable calls, signals and timers inside steps, on a real store (SQLite and Postgres)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from freezegun import freeze_time
+
+from orchestrator import Orchestrator, RunStateError
+from workflows import END, Workflow
+
+
+class Stop(BaseException):
+    """Stands for the process dying here."""
+
+
+def kinds(orc, run_id):
+    return [e["kind"] for e in orc.history(run_id)]
+
+
+def paid_call_workflow(counter: list, stop_after_call: bool = False) -> Workflow:
+    wf = Workflow("paid")
+
+    @wf.step(start=True)
+    def think(ctx, state):
+        def perform():
+            counter.append(1)  # a request the provider bills
+            return {"text": f"answer to {state['q']}", "tokens": 42}
+
+        reply = ctx.durable_call("llm", {"model": "m", "prompt": state["q"]}, perform)
+        if stop_after_call:
+            raise Stop
+        return {"reply": reply["text"]}
+
+    wf.edge("think", END)
+    return wf
+
+
+def test_a_completed_call_is_not_performed_again_when_the_step_reruns(db_url):
+    # Given a step that dies after its paid call returned
+    paid: list = []
+    with Orchestrator(db_url, workflows=[paid_call_workflow(paid, stop_after_call=True)]) as orc:
+        with pytest.raises(Stop):
+            orc.run(orc._workflows["paid"], {"q": "why"}, run_id="d1")
+        assert kinds(orc, "d1") == ["RunStarted", "CallCompleted"]
+    # When another process resumes it
+    with Orchestrator(db_url, workflows=[paid_call_workflow(paid)]) as orc:
+        result = orc.resume("d1")
+        history = orc.history("d1")
+    # Then the model was called once, and the step used the journaled response
+    assert len(paid) == 1
+    assert result.state == {"q": "why", "reply": "answer to why"}
+    [call] = [e["data"] for e in history if e["kind"] == "CallCompleted"]
+    assert call["response"]["tokens"] == 42 and call["index"] == 0 and call["step"] == "think"
+
+
+def test_a_changed_request_is_performed_anew(db_url):
+    paid: list = []
+    with Orchestrator(db_url, workflows=[paid_call_workflow(paid, stop_after_call=True)]) as orc:
+        with pytest.raises(Stop):
+            orc.run(orc._workflows["paid"], {"q": "why"}, run_id="d2")
+    # When the step resumes asking something else (its code or prompt changed)
+    changed = Workflow("paid")
+
+    @changed.step(name="think", start=True)
+    def think(ctx, state):
+        return {"reply": ctx.durable_call("llm", {"model": "m", "prompt": "other"},
+                                          lambda: paid.append(1) or {"text": "new"})["text"]}
+
+    changed.edge("think", END)
+    with Orchestrator(db_url, workflows=[changed]) as orc:
+        result = orc.resume("d2")
+    assert len(paid) == 2 and result.state["reply"] == "new"
+
+
+def approval_workflow(timeout: float | None = None) -> Workflow:
+    wf = Workflow("approve")
+
+    @wf.step(start=True)
+    def ask(ctx, state):
+        decision = ctx.wait_for("approval", timeout=timeout)
+        return {"approved": decision["ok"], "by": decision["by"]}
+
+    @wf.step()
+    def timed_out(ctx, state):
+        return {"approved": False, "by": "timeout"}
+
+    wf.edge("ask", END)
+    wf.edge("timed_out", END)
+    object.__setattr__(wf.steps["ask"], "on_failure", "timed_out")
+    return wf
+
+
+def test_wait_for_parks_the_run_and_a_signal_from_elsewhere_continues_it(db_url):
+    wf = approval_workflow()
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        # Given a run that waits for approval
+        result = orc.run(wf, {}, run_id="w1")
+        assert result.status == "waiting"
+        rec = orc.get_run("w1")
+        assert rec.status == "waiting" and rec.lease_owner is None
+        # And recovery leaves it alone while nothing arrived
+        assert orc.recover() == []
+    # When another Orchestrator (another process, in real life) sends the signal
+    with Orchestrator(db_url, workflows=[wf]) as other:
+        other.signal("w1", "approval", {"ok": True, "by": "ana"})
+        [done] = other.recover()
+    # Then the run continues and completes with the signal's data
+    assert done.status == "completed" and done.state == {"approved": True, "by": "ana"}
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        history = kinds(orc, "w1")
+    assert history.count("WaitStarted") == 1 and history.count("SignalReceived") == 1
+
+
+def test_a_signal_sent_before_the_wait_is_not_lost(db_url):
+    wf = approval_workflow()
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        run_id = orc.start(wf, {})
+        orc.signal(run_id, "approval", {"ok": False, "by": "early"})
+        result = orc.resume(run_id)
+    assert result.status == "completed" and result.state["by"] == "early"
+
+
+def test_signals_to_finished_or_not_waiting_runs_are_refused(db_url):
+    wf = approval_workflow()
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        orc.run(wf, {}, run_id="w3")
+        with pytest.raises(RunStateError, match="waiting for 'approval', not 'payment'"):
+            orc.signal("w3", "payment", {})
+        orc.signal("w3", "approval", {"ok": True, "by": "x"})
+        orc.recover()
+        before = orc.store.last_seq("w3")
+        with pytest.raises(RunStateError, match="completed"):
+            orc.signal("w3", "approval", {"ok": True, "by": "late"})
+        assert orc.store.last_seq("w3") == before
+
+
+def test_a_wait_times_out_and_takes_the_failure_route(db_url):
+    wf = approval_workflow(timeout=3600)
+    now = [10_000.0]
+    with Orchestrator(db_url, workflows=[wf], clock=lambda: now[0]) as orc:
+        assert orc.run(wf, {}, run_id="w4").status == "waiting"
+        now[0] += 3599
+        assert orc.recover() == []
+        now[0] += 2
+        [result] = orc.recover()
+    assert result.status == "completed" and result.state == {"approved": False, "by": "timeout"}
+
+
+def test_durable_sleep_survives_a_restart_with_frozen_time(db_url):
+    wf = Workflow("nap")
+
+    @wf.step(start=True)
+    def remind(ctx, state):
+        ctx.sleep(24 * 3600)
+        return {"reminded_at": ctx.now().isoformat()}
+
+    wf.edge("remind", END)
+    with freeze_time("2026-11-22 10:00:00") as frozen:
+        with Orchestrator(db_url, workflows=[wf]) as orc:
+            assert orc.run(wf, {}, run_id="s1").status == "waiting"
+        frozen.tick(23 * 3600)
+        with Orchestrator(db_url, workflows=[wf]) as orc:  # a new process, an hour early
+            assert orc.recover() == []
+        frozen.tick(3600)
+        with Orchestrator(db_url, workflows=[wf]) as orc:
+            [result] = orc.recover()
+    assert result.status == "completed" and result.state["reminded_at"].startswith("2026-11-23T10:00:00")
+
+
+def test_agentsaga_signal_from_another_process(db_url, tmp_path):
+    flow = tmp_path / "approve_flow.py"
+    flow.write_text(
+        "from workflows import Workflow, END\n"
+        "wf = Workflow('approve-cli')\n"
+        "@wf.step(start=True)\n"
+        "def ask(ctx, state):\n"
+        "    return {'decision': ctx.wait_for('approval')}\n"
+        "wf.edge('ask', END)\n")
+    exe = str(Path(sys.executable).parent / "agentsaga") if (Path(sys.executable).parent / "agentsaga").exists() \
+        else shutil.which("agentsaga")
+    env = {k: v for k, v in os.environ.items() if k != "AGENTSAGA_DB"}
+    started = subprocess.run([exe, "run", f"{flow}:wf", "--run-id", "cli-w", "--db", db_url], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert "status waiting" in started.stdout, started.stderr
+    sent = subprocess.run([exe, "signal", "cli-w", "approval", "--data", '{"ok": true}', "--db", db_url],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    done = subprocess.run([exe, "recover", "--db", db_url, "--json"], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert '"decision": {"ok": true}' in done.stdout, done.stderr
