@@ -508,10 +508,8 @@ class Engine:
         if name not in wf.routes and wf.state_model is None:
             return wf.successors(name, None)
         after = dict(live.rs.state)
-        try:
-            wf.reduce(after, codec.loads(codec.dumps(update, what=f"output of step {name!r}")))
-        except EncodingError as exc:
-            raise _Permanent(exc) from None
+        # The router sees the update as returned; whether it can be journaled is checked at commit.
+        wf.reduce(after, update)
         if wf.state_model is not None:
             try:
                 wf.check_state(name, after)
