@@ -28,7 +28,7 @@ from orchestrator._breakers import StoreBreakers
 from orchestrator._redact import Redactor
 from orchestrator._tools import Tools
 from orchestrator._saga import SagaKind, has_pending_effects
-from store import DuplicateRunError, NewEvent, RunRecord, Store, open_store
+from store import ConflictError, DuplicateRunError, NewEvent, RunRecord, Store, open_store
 from workflows import Workflow
 
 __all__ = ["Orchestrator"]
@@ -187,6 +187,27 @@ class Orchestrator(AuditMixin):
         """Cancel a run that has not finished; a process still driving it is fenced out. With
         ``compensate=True`` its completed effects are undone first, newest first."""
         return _sync(self.acancel(run_id, reason=reason, compensate=compensate))
+
+    def snapshot(self, run_id: str) -> int:
+        """Write a snapshot of the run now (on demand) and return its seq.
+
+        The snapshot is the fold of the journal as it stands, verified like any other; the run's
+        journal is not changed, so this is safe while another process drives the run (a snapshot
+        that process writes at the same seq wins, and this call then reports that seq).
+        """
+        rec = self.store.get_run(run_id)
+        wf = self._workflow_for(rec, required=False)
+        rs = self.engine.restore(run_id, wf)[0] if wf else self._fold_plain(run_id)[0]
+        cfg = self.engine.cfg
+        snap = self.engine.make_snapshot(rs, "on_demand", cfg.clock())
+        if any(s.seq == snap.seq for s in self.store.snapshots(run_id)):
+            return snap.seq
+        try:
+            self.store.append(run_id, [], token=rec.lease_token, now=cfg.clock(), snapshot=snap,
+                              keep_snapshots=self.engine.cfg.keep_snapshots)
+        except ConflictError:
+            pass  # the driving process wrote one at this seq first
+        return snap.seq
 
     def signal(self, run_id: str, name: str, data: Any = None) -> None:
         """Send signal ``name`` (JSON data) to a run, from any process. A run waiting for it is

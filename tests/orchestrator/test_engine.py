@@ -444,3 +444,19 @@ def test_durable_start_and_reads_are_journaled(orc_factory):
     history = orc.history("i1")
     assert kinds(history) == ["RunStarted", "StepStarted", "StepCompleted", "RunCompleted"]
     assert history[1]["data"]["input"] == {"reads": {"question": "why"}}
+
+
+def test_snapshot_on_demand_verifies_and_shortens_recovery(orc_factory):
+    # Given an interrupted run with no snapshot yet
+    wf = counter_workflow(9)
+    orc = orc_factory(wf, snapshot_every=1000)
+    interrupted(orc, wf, "od", stop_at=5)
+    assert orc.store.snapshots("od") == []
+    # When a snapshot is taken on demand
+    seq = orc.snapshot("od")
+    # Then it sits at the end of the journal, and recovery starts from it with nothing to replay
+    assert [s.seq for s in orc.store.snapshots("od")] == [seq] == [orc.store.last_seq("od")]
+    result = orc_factory(wf).resume("od")
+    resumed = [e["data"] for e in orc.history("od") if e["kind"] == "Resumed"][0]
+    assert resumed["snapshot_seq"] == seq and resumed["replayed"] == 0
+    assert result.state == {"n": 9, "seen": list(range(9))}
