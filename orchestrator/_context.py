@@ -92,9 +92,12 @@ class StepContext:
         return self.tools
 
     def _rt(self, what: str) -> Any:
-        if self._runtime is None:
+        runtime = self._runtime
+        if runtime is None:
             raise RuntimeError(f"ctx.{what} is only available inside a step run by an Orchestrator")
-        return self._runtime
+        if callable(runtime):  # built on first use: most steps never wait or make durable calls
+            runtime = self._runtime = runtime()
+        return runtime
 
     def durable_call(self, kind: str, request: Any, perform: Any) -> Any:
         """Perform ``perform()`` once per step execution and request; journal its JSON response."""

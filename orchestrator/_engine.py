@@ -377,7 +377,7 @@ class Engine:
             ctx = StepContext(run_id=live.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
                               clock=clock, failure=failure, idempotency_key=key,
                               make_tools=lambda: self.tools.for_step(key, this),
-                              runtime=StepRuntime(self, live, name, tick))
+                              runtime=lambda: StepRuntime(self, live, name, tick))
             holder[:] = [ctx]
             try:
                 if step.breaker is None:
