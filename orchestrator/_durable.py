@@ -5,9 +5,9 @@ are journaled *inside* the step, so none of it is lost or repeated when the step
 (after a crash, or when a waiting run wakes up):
 
 - ``ctx.durable_call(kind, request, perform)``: call ``i`` of a step execution is journaled as
-  ``CallCompleted`` the moment it returns, in its own transaction. When the step runs again, call
-  ``i`` with the same (redacted) request returns the journaled response without performing it: a
-  paid model call is never paid twice. A different request means the code changed: it is
+  ``CallCompleted`` the moment it returns, in its own transaction. When the step runs again (a
+  retry, a recovery, a wake-up), call ``i`` with the same (redacted) request returns the journaled
+  response without performing it: a paid model call is never paid twice, not even by a retry. A different request means the code changed: it is
   performed and journaled anew. Under replay (``Orchestrator(replay=cassette)``) responses come
   from the cassette and a different request is an error that shows the difference.
 - ``ctx.wait_for(name, timeout=None)``: returns the data of signal ``name``. A signal already sent
@@ -108,8 +108,10 @@ class StepRuntime:
         index = self._calls
         self._calls += 1
         # Compare what the journal would hold: redacted and through the codec.
+        # force=True: the event's redaction may run whatever this request holds (a response can
+        # trip the pre-filter), and redaction normalises JSON text: compare like with like.
         text = self.engine.redact(codec.dumps(dict(request), what=f"request of {kind} call {index} in step "
-                                                                       f"{self.step!r}"))
+                                                                       f"{self.step!r}"), force=True)
         journaled_request = codec.loads(text)
         prior = self.live.rs.calls.get(self.step, {}).get(str(index))
         if prior is not None and prior["kind"] == kind and prior["request"] == journaled_request:

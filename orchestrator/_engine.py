@@ -63,6 +63,9 @@ _log = logging.getLogger("agentsaga.engine")
 #: Layout version of a snapshot's JSON; a snapshot of another version is skipped, never trusted.
 SNAPSHOT_SCHEMA = 1
 _TRACEBACK_LIMIT = 8000
+#: Errors a retry cannot fix, whatever the step's policy says: the tool answered "no", the effect is
+#: in doubt, or the output cannot be journaled.
+_NEVER_RETRY = (PermanentToolError, InDoubtError, EncodingError)
 _SECRET_HINT = re.compile(r"password|passwd|secret|token|api_?key|authori[sz]ation|bearer|cookie|sk-")
 
 
@@ -80,7 +83,7 @@ class EngineConfig:
 class Live:
     """A run being driven by this process: its workflow, lease token and folded state."""
 
-    __slots__ = ("run_id", "wf", "token", "rs", "last_snapshot_seq")
+    __slots__ = ("run_id", "wf", "token", "rs", "last_snapshot_seq", "lock")
 
     def __init__(self, run_id: str, wf: Workflow, token: int, rs: RunState, last_snapshot_seq: int) -> None:
         self.run_id = run_id
@@ -88,6 +91,7 @@ class Live:
         self.token = token
         self.rs = rs
         self.last_snapshot_seq = last_snapshot_seq
+        self.lock = threading.RLock()  # one writer at a time per run (see Engine.commit)
 
 
 class _GaveUp(Exception):
@@ -165,14 +169,14 @@ class Engine:
         #: called as on_event(run_id, events) after each commit (the CLI's progress lines); None: off
         self.on_event: Callable[[str, list[NewEvent]], None] | None = None
         self.replay: Any = None  # a Cassette when replaying recorded responses
-        self._commit_lock = threading.RLock()
 
     # -- journal ---------------------------------------------------------------------------------
     def commit(self, live: Live, batch: list[tuple[str, dict[str, Any]]], *, trigger: str | None = None,
                consume_signals: list[int] | None = None) -> None:
         # Parallel sync steps run on threads and may journal durable calls from there: one writer
-        # at a time per process keeps seq numbers and the folded state consistent.
-        with self._commit_lock:
+        # at a time per run keeps seq numbers and the folded state consistent. Per run, not per
+        # process, so a worker driving several runs on threads commits them concurrently.
+        with live.lock:
             self._commit(live, batch, trigger=trigger, consume_signals=consume_signals)
 
     def _commit(self, live: Live, batch: list[tuple[str, dict[str, Any]]], *, trigger: str | None,
@@ -228,9 +232,12 @@ class Engine:
         if self.on_event is not None:
             self.on_event(live.run_id, events)
 
-    def redact(self, text: str) -> str:
-        """Invariant 9: secrets never reach the journal (sensitive fields, configured patterns)."""
-        if _SECRET_HINT.search(text.lower()) is None and (
+    def redact(self, text: str, *, force: bool = False) -> str:
+        """Invariant 9: secrets never reach the journal (sensitive fields, configured patterns).
+
+        Redaction is idempotent; ``force`` skips the pre-filter (for comparing with a journal text
+        that went through it)."""
+        if not force and _SECRET_HINT.search(text.lower()) is None and (
                 self._custom_secrets is None or self._custom_secrets.search(text) is None):
             return text
         redactor = self.tools.redactor
@@ -409,7 +416,8 @@ class Engine:
                     sleep=self.cfg.sleep,
                     stop=stop_after_attempt(remaining),
                     wait=_PolicyWait(policy, prior, self.cfg.rng),
-                    retry=retry_if_exception(lambda e: isinstance(e, Exception) and policy.should_retry(e)),
+                    retry=retry_if_exception(lambda e: isinstance(e, Exception) and not isinstance(e, _NEVER_RETRY)
+                                             and policy.should_retry(e)),
                     before_sleep=journal_retry,
                     reraise=True,
                 )
@@ -437,7 +445,7 @@ class Engine:
             self.fail_step(live, name, attempt, exc)
             return
         data: dict[str, Any] = {"step": name, "tick": tick, "attempt": attempt, "input": input_ref,
-                                "update": update, "next": next_steps, "ms": ms}
+                                "update": update, "next": next_steps, "ms": ms, "lease": live.token}
         traces = ctx.traces
         if traces:
             data["trace"] = traces

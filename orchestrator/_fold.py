@@ -145,8 +145,9 @@ def _forget_step(rs: RunState, step: str, *, keep_waits: bool = False) -> None:
 def _step_failed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
     rs.in_flight.pop(step, None)
-    # A retry is a fresh attempt (its calls are made again); signals it received stay its own.
-    _forget_step(rs, step, keep_waits=not data.get("final"))
+    # A retry reuses the durable calls (and signals) of earlier attempts; a final failure ends them.
+    if data.get("final"):
+        _forget_step(rs, step)
     route = data.get("route")
     if data.get("final") and route:
         # The failure route counts as the step's completion with no update.

@@ -194,3 +194,39 @@ def test_agentsaga_signal_from_another_process(db_url, tmp_path):
     done = subprocess.run([exe, "recover", "--db", db_url, "--json"], capture_output=True, text=True, env=env,
                           timeout=60)
     assert '"decision": {"ok": true}' in done.stdout, done.stderr
+
+
+def test_a_retry_reuses_the_calls_of_the_failed_attempt(db_url):
+    from workflows import Retry
+
+    paid: list = []
+    wf = Workflow("retry-paid")
+
+    @wf.step(start=True, retry=Retry(attempts=2, initial=0, jitter=0))
+    def think(ctx, state):
+        reply = ctx.durable_call("llm", {"prompt": "p"}, lambda: paid.append(1) or {"text": "t"})
+        if ctx.attempt == 1:
+            raise ValueError("the tool after the model call failed")
+        return {"reply": reply["text"]}
+
+    wf.edge("think", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {}, run_id="rp")
+    assert result.status == "completed" and len(paid) == 1
+
+
+def test_permanent_tool_errors_are_not_retried(db_url):
+    from orchestrator import PermanentToolError
+    from workflows import Retry
+
+    tries: list = []
+    wf = Workflow("auth")
+
+    @wf.step(start=True, retry=Retry(attempts=4, initial=0, jitter=0))
+    def call(ctx, state):
+        tries.append(1)
+        raise PermanentToolError("401 Unauthorized: check the API key", status=401)
+
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {}, run_id="pe")
+    assert result.status == "failed" and len(tries) == 1 and "401" in result.error
