@@ -1,0 +1,191 @@
+"""How model calls fail: 429 with Retry-After, 5xx, 401, a dead provider and its breaker, a missing
+template variable. Real HTTP on loopback; waits go to an injected sleep, so nothing sleeps."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from agent_helpers import API_KEY, calls  # noqa: E402
+
+from compensations import BreakerConfig  # noqa: E402
+from orchestrator import Orchestrator  # noqa: E402
+from orchestrator._chatserver import error, reply  # noqa: E402
+from orchestrator._llm import LLM  # noqa: E402
+from orchestrator._prompts import Prompt, PromptError  # noqa: E402
+from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError  # noqa: E402
+from workflows import END, Workflow  # noqa: E402
+
+
+def ask_workflow(llm: LLM, name: str = "ask") -> Workflow:
+    wf = Workflow(name)
+
+    @wf.step(start=True)
+    def ask(ctx, state):
+        return {"answer": llm.chat(ctx, state["q"]).content}
+
+    wf.edge("ask", END)
+    return wf
+
+
+def test_429_is_retried_after_exactly_the_retry_after_the_server_sent(db_url, chat, sleeps):
+    # Given a provider that rate-limits the first request for 7 seconds
+    chat.fail(429, retry_after=7)
+    chat.script([reply("ok")])
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append)
+    wf = ask_workflow(llm)
+    # When a step calls the model
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {"q": "hi"}, run_id="r429")
+        [call] = calls(orc, "r429")
+    # Then the client waited the 7 seconds the server asked for, once, and the call succeeded
+    assert result.status == "completed" and result.state["answer"] == "ok"
+    assert sleeps == [7.0] and chat.count == 2
+    # And the journal says it took one retry, and why
+    assert call["response"]["retries"] == 1
+    [failure] = call["response"]["failures"]
+    assert failure["status"] == 429 and failure["retry_after"] == 7.0 and failure["waited"] == 7.0
+
+
+def test_5xx_is_retried_with_backoff_and_gives_up_after_max_attempts(chat, sleeps):
+    # Given a provider that fails every request with 503
+    chat.fail(503, times=10)
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append, max_attempts=3, backoff=1.0)
+    # When the client asks
+    with pytest.raises(RetryableToolError) as caught:
+        llm.complete(llm.request("hi"))
+    # Then it tried three times, backing off (1s then 2s, with up to 50% jitter off), and says so
+    assert chat.count == 3 and len(sleeps) == 2
+    assert 0.5 <= sleeps[0] <= 1.0 and 1.0 <= sleeps[1] <= 2.0
+    assert "failed after 3 attempt(s)" in str(caught.value) and "503" in str(caught.value)
+
+
+def test_a_retry_after_longer_than_the_bound_is_left_to_the_steps_retry_policy(chat, sleeps):
+    # Given a provider asking to come back in an hour
+    chat.fail(429, retry_after=3600)
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append, max_retry_after=60)
+    # When the client asks, it does not hold the step for an hour
+    with pytest.raises(RetryableToolError) as caught:
+        llm.complete(llm.request("hi"))
+    # Then the error carries the wait for the step's Retry (which honours retry_after)
+    assert sleeps == [] and chat.count == 1 and caught.value.retry_after == 3600
+
+
+def test_401_fails_fast_with_a_clear_message_and_is_not_retried(db_url, chat, sleeps):
+    # Given a client with the wrong API key
+    chat.script([reply("never")])
+    llm = LLM(base_url=chat.url, model="m", api_key="sk-wrong-key-000000000000000000", sleep=sleeps.append)
+    wf = ask_workflow(llm, "auth")
+    # When a step calls the model
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {"q": "hi"}, run_id="a1")
+        journal = calls(orc, "a1")
+    # Then one request was made, nothing was retried, and the run failed saying what to fix
+    assert chat.count == 1 and sleeps == []
+    assert result.status == "failed"
+    assert "PermanentToolError" in result.error and "401" in result.error and "OPENAI_API_KEY" in result.error
+    # And the failed call is not journaled as completed; neither key is in the error
+    assert journal == [] and "sk-wrong-key" not in result.error
+
+
+def test_403_is_a_permanent_error_too(chat, sleeps):
+    chat.script([error(403, "model not allowed for this key")])
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append)
+    with pytest.raises(PermanentToolError, match="403.*not retried"):
+        llm.complete(llm.request("hi"))
+    assert chat.count == 1 and sleeps == []
+
+
+def test_the_breaker_opens_on_a_failing_provider_and_then_fails_fast_without_a_request(db_url, chat, sleeps):
+    # Given a provider that is down (503 on every request) behind a breaker that opens after 4 failures
+    chat.fail(503, times=100)
+    breaker = BreakerConfig(name="llm-test-provider", failure_threshold=4, window=60, reset_timeout=600)
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append, max_attempts=2, breaker=breaker)
+    wf = ask_workflow(llm, "breaker")
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        # When two runs have each failed twice
+        first = [orc.run(wf, {"q": "hi"}, run_id=f"b{i}") for i in range(2)]
+        requests_when_open = chat.count
+        # And a third run calls the model
+        third = orc.run(wf, {"q": "hi"}, run_id="b2")
+        history = orc.history("b1")
+    # Then the third failed fast: the breaker is open, and no request reached the provider
+    assert [r.status for r in first] == ["failed", "failed"] and requests_when_open == 4
+    assert third.status == "failed" and "CircuitOpenError" in third.error and "llm-test-provider" in third.error
+    assert chat.count == requests_when_open
+    # And the transition to open is journaled on the step that tripped it
+    [failed] = [e["data"] for e in history if e["kind"] == "StepFailed"]
+    assert [(t["from"], t["to"]) for t in failed["breakers"]] == [("closed", "open")]
+
+
+def test_a_dead_provider_trips_the_breaker_by_connect_errors(sleeps):
+    # Given a port where nothing listens
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from store import open_store
+
+    from orchestrator._breakers import StoreBreakers
+
+    store = open_store("sqlite://")
+    try:
+        llm = LLM(base_url=f"http://127.0.0.1:{port}/v1", model="m", sleep=sleeps.append, max_attempts=3,
+                  breakers=StoreBreakers(store), breaker=BreakerConfig(name="dead", failure_threshold=3))
+        # When the client asks twice
+        with pytest.raises(RetryableToolError, match="cannot connect"):
+            llm.complete(llm.request("hi"))
+        with pytest.raises(CircuitOpenError, match="'dead' is open"):
+            llm.complete(llm.request("hi"))
+    finally:
+        store.close()
+    # Then the first call tried three times; the second was refused by the open breaker at once
+    assert len(sleeps) == 2
+
+
+def test_a_missing_template_variable_fails_before_any_model_call(db_url, chat):
+    # Given a step whose prompt needs a variable the state does not have
+    chat.script([reply("never")])
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY)
+    prompt = Prompt("Plan a trip to {{ city }} for {{ people }} people.", name="trip")
+    wf = Workflow("prompted")
+
+    @wf.step(start=True)
+    def plan(ctx, state):
+        return {"plan": llm.chat(ctx, [prompt.message(city=state["city"])]).content}
+
+    wf.edge("plan", END)
+    # When it runs
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {"city": "Lisbon"}, run_id="p1")
+        journal = calls(orc, "p1")
+    # Then it failed naming the template and the variable, and the model was never asked
+    assert result.status == "failed"
+    assert "PromptError" in result.error and "'trip'" in result.error and "'people'" in result.error
+    assert chat.count == 0 and journal == []
+
+
+def test_prompt_errors_name_every_missing_variable_and_the_line_of_a_syntax_error(tmp_path):
+    prompt = Prompt("{{ a }} {{ b.c }} {% if d is defined %}{{ d }}{% endif %} {{ e }}", name="p")
+    with pytest.raises(PromptError, match=r"missing variable\(s\) 'a', 'e' \(given: b\)"):
+        prompt.render(b={"c": 1})
+    with pytest.raises(PromptError, match="has no attribute 'c'"):
+        prompt.render(a=1, b={}, e=2)
+    assert prompt.render(a=1, b={"c": 2}, e=3) == "1 2  3"
+    (tmp_path / "bad.j2").write_text("line one\n{% if x %}\nno end\n")
+    with pytest.raises(PromptError, match=r"prompt 'bad.j2', line \d+: template syntax error"):
+        Prompt.from_file(tmp_path / "bad.j2")
+
+
+def test_a_2xx_that_is_not_a_chat_completion_is_a_clear_permanent_error(chat, sleeps):
+    from orchestrator._chatserver import Reply
+
+    chat.script([Reply(body={"unexpected": True})])
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append)
+    with pytest.raises(PermanentToolError, match="not a chat completion"):
+        llm.complete(llm.request("hi"))
+    assert chat.count == 1

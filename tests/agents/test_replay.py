@@ -1,0 +1,139 @@
+"""Record / replay: a run replayed from a previous run's journal or a cassette file, with no model
+server running; a changed request is an error that shows the difference."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from agent_helpers import API_KEY, calls  # noqa: E402
+
+from orchestrator import Orchestrator  # noqa: E402
+from orchestrator._agent_tools import ToolRegistry, run_tool_loop  # noqa: E402
+from orchestrator._cassette import Cassette  # noqa: E402
+from orchestrator._chatserver import reply, tool_call  # noqa: E402
+from orchestrator._llm import LLM  # noqa: E402
+from orchestrator._prompts import Prompt  # noqa: E402
+from orchestrator.errors import ReplayError  # noqa: E402
+from workflows import END, Workflow, reducers  # noqa: E402
+
+ran: list[str] = []  # tool executions, to see that replay does not run tools
+
+
+def agent(llm: LLM, template: str = "Find venues in {{ city }}.") -> Workflow:
+    tools = ToolRegistry()
+    prompt = Prompt(template, name="find")
+
+    @tools.tool
+    def search(city: str) -> list[str]:
+        """Venues in a city."""
+        ran.append(city)
+        return [f"{city} Hall", f"{city} Loft"]
+
+    wf = Workflow("replayed", reducers={"answers": reducers.append})
+
+    @wf.step(start=True)
+    def research(ctx, state):
+        out = run_tool_loop(ctx, llm, [prompt.message(city=state["city"])], tools)
+        return {"answers": out.content, "round": state.get("round", 0) + 1}
+
+    wf.route("research", lambda s: "research" if s["round"] < 2 else END, targets=["research", END])
+    return wf
+
+
+SCRIPT = [tool_call("search", {"city": "Lisbon"}), reply("Lisbon Hall, round 1"),
+          tool_call("search", {"city": "Lisbon"}), reply("Lisbon Loft, round 2")]
+
+
+@pytest.fixture
+def recorded(db_url, chat):
+    """A run recorded against the live server (two visits of a looping step), then the server stopped."""
+    chat.script(SCRIPT)
+    llm = LLM(base_url=chat.url, model="scripted-model", api_key=API_KEY)
+    wf = agent(llm)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        original = orc.run(wf, {"city": "Lisbon"}, run_id="rec")
+        cassette = Cassette.from_run(orc, "rec")
+    chat.stop()
+    ran.clear()
+    return original, cassette, chat.url
+
+
+def test_a_run_replays_from_a_previous_runs_journal_with_no_server(db_url, recorded):
+    original, cassette, dead_url = recorded
+    assert original.status == "completed" and len(cassette) == 6
+    # Given the model server is gone
+    llm = LLM(base_url=dead_url, model="scripted-model", api_key=API_KEY, max_attempts=1)
+    # When the workflow runs again, under a new id, replaying the cassette
+    wf = agent(llm)
+    with Orchestrator(db_url, workflows=[wf], replay=cassette) as orc:
+        replayed = orc.run(wf, {"city": "Lisbon"}, run_id="again")
+        journal = calls(orc, "again")
+    # Then it reached the same result, answered by the recording: no request, no tool execution
+    assert replayed.status == "completed", replayed.error
+    assert replayed.state == original.state
+    assert ran == []
+    # And its own journal records the calls, marked as replayed
+    assert len(journal) == 6 and all(c.get("replayed") for c in journal)
+
+
+def test_a_cassette_saved_to_a_file_replays_the_same(db_url, recorded, tmp_path):
+    original, cassette, dead_url = recorded
+    # Given the cassette written to a file and read back
+    path = cassette.save(tmp_path / "research.json")
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "agentsaga-cassette" and doc["version"] == 1 and doc["source"]["run_id"] == "rec"
+    assert [(c["step"], c["visit"], c["index"]) for c in doc["calls"]][:4] == [
+        ("research", 0, 0), ("research", 0, 1), ("research", 0, 2), ("research", 1, 0)]
+    llm = LLM(base_url=dead_url, model="scripted-model", api_key=API_KEY, max_attempts=1)
+    # When a run replays it
+    wf = agent(llm)
+    with Orchestrator(db_url, workflows=[wf], replay=Cassette.load(path)) as orc:
+        replayed = orc.run(wf, {"city": "Lisbon"}, run_id="from-file")
+    # Then the outcome is the recorded one
+    assert replayed.status == "completed" and replayed.state == original.state
+
+
+def test_a_changed_prompt_is_a_replay_mismatch_showing_the_difference(db_url, recorded):
+    _, cassette, dead_url = recorded
+    llm = LLM(base_url=dead_url, model="scripted-model", api_key=API_KEY, max_attempts=1)
+    # Given the prompt template changed since the recording
+    changed = agent(llm, "Find conference venues in {{ city }}.")
+    # When the run replays
+    with Orchestrator(db_url, workflows=[changed], replay=cassette) as orc:
+        result = orc.run(changed, {"city": "Lisbon"}, run_id="changed")
+    # Then it fails with a diff of the recorded and the new request, line by line
+    assert result.status == "failed" and "ReplayMismatchError" in result.error
+    assert "step 'research' (visit 0), llm call 0" in result.error
+    assert '-      "content": "Find venues in Lisbon.",' in result.error
+    assert '+      "content": "Find conference venues in Lisbon.",' in result.error
+
+
+def test_a_call_the_recording_never_made_is_a_replay_missing_error(db_url, recorded):
+    _, cassette, dead_url = recorded
+    llm = LLM(base_url=dead_url, model="scripted-model", api_key=API_KEY, max_attempts=1)
+    wf = Workflow("replayed")  # same name, a step the recording does not know
+
+    @wf.step(start=True)
+    def summarise(ctx, state):
+        return {"s": llm.chat(ctx, "summarise").content}
+
+    wf.edge("summarise", END)
+    with Orchestrator(db_url, workflows=[wf], replay=cassette) as orc:
+        result = orc.run(wf, {}, run_id="missing")
+    assert result.status == "failed" and "ReplayMissingError" in result.error
+    assert "no recording for step 'summarise' (visit 0), llm call 0" in result.error
+
+
+def test_a_cassette_file_of_another_version_or_kind_is_refused(tmp_path):
+    (tmp_path / "v9.json").write_text(json.dumps({"format": "agentsaga-cassette", "version": 9, "calls": []}))
+    (tmp_path / "other.json").write_text(json.dumps({"calls": []}))
+    with pytest.raises(ReplayError, match="format version 9"):
+        Cassette.load(tmp_path / "v9.json")
+    with pytest.raises(ReplayError, match="not an agentsaga cassette"):
+        Cassette.load(tmp_path / "other.json")
