@@ -7,17 +7,28 @@ rewrite the operator's terminal; everything printed from the journal goes throug
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import re
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["safe", "table", "when", "clip"]
+__all__ = ["safe", "table", "when", "clip", "json_line"]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_C1 = re.compile(r"[\x7f-\x9f]")
 
 
 def safe(text: object) -> str:
     """``text`` with control characters shown as ``\\xNN`` escapes (newlines and tabs kept)."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def json_line(value: Any) -> str:
+    """One line of JSON for ``--json`` output. ``json`` escapes C0 controls (ESC included) inside
+    strings but passes DEL and C1 controls through, and some terminals act on C1 (0x9b is a CSI):
+    those are escaped too. The result is still valid JSON: they can only occur inside strings."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def clip(text: str, width: int) -> str:

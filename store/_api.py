@@ -18,6 +18,10 @@ from typing import Any
 
 from ._boundary import Boundary
 from ._coordination import CoordinationMixin
+from ._deadletter import DeadLetterMixin
+from ._limits import LimitsMixin
+from ._listen import ListenMixin
+from ._stats import StatsMixin
 from ._dialect import Dialect, ErrorKind, iter_chunks
 from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
 from ._schema import SCHEMA_VERSION, ensure_schema
@@ -81,7 +85,7 @@ def _event_row(pk: int, e: NewEvent) -> tuple[Any, ...]:
     return (pk, e.seq, e.kind, e.at, e.data)
 
 
-class Store(CoordinationMixin):
+class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsMixin):
     """The journal and run table of one database; thread-safe. Build it with `open_store`."""
 
     def __init__(self, dialect: Dialect, *, retry_for: float):
@@ -460,9 +464,15 @@ class Store(CoordinationMixin):
 
     # -- retention -----------------------------------------------------------------------------
 
-    def delete_runs(self, run_ids: Sequence[str]) -> int:
-        """Delete whole runs (row, events, snapshots, signals); return how many existed."""
+    def delete_runs(self, run_ids: Sequence[str], *, statuses: Sequence[str] | None = None) -> int:
+        """Delete whole runs (row, events, snapshots, signals); return how many were deleted.
+
+        With `statuses`, a run is deleted only if its status is still one of them when the
+        delete runs (gc decides from a listing; a run resumed since must not be deleted)."""
         ids = list(dict.fromkeys(run_ids))
+        only = list(statuses) if statuses is not None else None
+        if only is not None and not only:
+            return 0
         d = self._d
 
         def work(conn: Any) -> int:
@@ -472,10 +482,14 @@ class Store(CoordinationMixin):
                     # The run row first: deleting it takes the row lock appenders fence on, so
                     # no event can slip in for a run whose children are being deleted.
                     sql = f"DELETE FROM agentsaga_runs WHERE run_id IN ({_marks(len(chunk))})"
-                    pks = [r[0] for r in d.fetchall(conn, sql + " RETURNING pk", chunk)]
+                    params = list(chunk)
+                    if only is not None:
+                        sql += f" AND status IN ({_marks(len(only))})"
+                        params += only
+                    pks = [r[0] for r in d.fetchall(conn, sql + " RETURNING pk", params)]
                     deleted += len(pks)
                     marks = _marks(len(pks))
-                    for table in ("events", "snapshots", "signals") if pks else ():
+                    for table in ("events", "snapshots", "signals", "run_failures") if pks else ():
                         sql = f"DELETE FROM agentsaga_{table} WHERE run_pk IN ({marks})"
                         d.execute(conn, sql, pks)
             return deleted

@@ -1,8 +1,8 @@
 """The benchmark scripts run and end with one JSON object (a smoke test: no timing thresholds).
 
-Given the quick mode of ``bench/core.py`` (and of ``bench/peers.py`` when the peers are
-installed), when it runs as a user would run it, then its last stdout line is JSON carrying every
-key the issues name, and the numbers that can be measured here are numbers.
+Given the quick mode of ``bench/core.py`` and ``bench/audit.py`` (and of ``bench/peers.py`` when
+the peers are installed), when it runs as a user would run it, then its last stdout line is JSON
+carrying every key the issues name, and the numbers that can be measured here are numbers.
 """
 
 from __future__ import annotations
@@ -81,3 +81,22 @@ def test_peers_quick_prints_the_required_json():
         for engine, row in per.items():
             assert row is not None, (point, engine, out["errors"])
             assert row["final_ok"], (point, engine)
+
+
+AUDIT_KEYS = {"runs", "events", "sqlite_list_ms", "pg_list_ms", "sqlite_show_ms", "pg_show_ms", "report_ms",
+              "report_steps", "targets", "targets_met"}
+
+
+def test_audit_quick_prints_the_required_json():
+    # When the audit benchmark runs in its quick mode
+    out = run_quick("audit.py", timeout=240)
+    # Then its JSON carries the listing, show and report numbers
+    assert AUDIT_KEYS <= out.keys()
+    assert out["runs"] == 2000 and out["events"] == 20000 and out["report_steps"] > 100
+    for key in ("sqlite_list_ms", "sqlite_show_ms", "report_ms"):
+        assert is_number(out[key]) and out[key] > 0, (key, out[key])
+    if out["pg_list_ms"] is None:
+        assert not os.environ.get("CI"), out.get("pg_reason")
+        assert out.get("pg_reason")
+    else:
+        assert is_number(out["pg_list_ms"]) and is_number(out["pg_show_ms"])

@@ -23,6 +23,10 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     assert result.state["answer"] == "found something on durability / found something on sagas"
 
 
+def test_readme_first_command_is_the_demo():
+    assert "pip install -e . && agentsaga demo" in README
+
+
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "pip install -e '.[test]' && pytest" in README

@@ -39,3 +39,17 @@ def test_a_deleted_run_id_can_be_reused_with_a_clean_journal(store):
 
 def test_delete_nothing(store):
     assert store.delete_runs([]) == 0
+
+
+def test_delete_runs_with_statuses_spares_runs_whose_status_changed(store):
+    # Given a completed run and one that was resumed (running) after a listing saw it completed
+    new_run(store, "done", owner=None, status="completed")
+    new_run(store, "resumed", owner=None, status="running")
+    # When both are deleted on the condition that they are still completed
+    deleted = store.delete_runs(["done", "resumed"], statuses=["completed"])
+    # Then only the completed one is gone
+    assert deleted == 1
+    with pytest.raises(RunNotFoundError):
+        store.get_run("done")
+    assert store.get_run("resumed").status == "running"
+    assert store.delete_runs(["resumed"], statuses=[]) == 0
