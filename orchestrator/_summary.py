@@ -268,6 +268,11 @@ class _Builder:
             x.input = data["input"]
         if data.get("key"):
             x.key = data["key"]
+        for t in data.get("breakers") or ():  # transitions this attempt caused (store-backed breakers)
+            if isinstance(t, dict):
+                self.breakers.append({"seq": seq, "at": at, "kind": "BreakerTransition", "step": step,
+                                      "message": f"{t.get('breaker')}: {t.get('from')} -> {t.get('to')}"
+                                                 + (f" ({t['reason']})" if t.get("reason") else "")})
         if kind == K.STEP_STARTED:
             x.effect = x.effect or bool(data.get("key"))
             return

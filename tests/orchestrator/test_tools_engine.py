@@ -110,3 +110,25 @@ def test_one_breaker_name_with_two_configurations_is_an_error(db_url):
 
     with pytest.raises(BreakerConfigError, match="pay"):
         Orchestrator(db_url, workflows=[wf1, wf2], breakers=BreakerRegistry())
+
+
+def test_the_report_and_summary_show_breaker_transitions(db_url, tmp_path):
+    registry = BreakerRegistry()
+    wf = Workflow("trip-breaker")
+
+    @wf.step(start=True, breaker=BreakerConfig(name="maps", failure_threshold=1), on_failure="fallback")
+    def lookup(ctx, state):
+        raise ConnectionError("maps down")
+
+    @wf.step()
+    def fallback(ctx, state):
+        return {"ok": True}
+
+    wf.edge("lookup", END)
+    wf.edge("fallback", END)
+    with Orchestrator(db_url, workflows=[wf], breakers=registry) as orc:
+        orc.run(wf, {}, run_id="br")
+        summary = orc.summary("br")
+        orc.report("br", tmp_path / "r.html")
+    assert any(b["kind"] == "BreakerTransition" and "maps: closed -> open" in b["message"] for b in summary.breakers)
+    assert "maps: closed -&gt; open" in (tmp_path / "r.html").read_text()
