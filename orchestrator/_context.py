@@ -35,7 +35,7 @@ class StepContext:
     - ``ctx.log``: a logger that tags records with the run and step
     """
 
-    __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "idempotency_key", "log", "_trace",
+    __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "idempotency_key", "_log", "_trace",
                  "_clock", "_t0", "tools", "_make_tools", "_runtime")
 
     def __init__(
@@ -59,13 +59,20 @@ class StepContext:
         self.tick = tick
         self.failure = failure
         self.idempotency_key = idempotency_key
+        self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self.tools: Any = None  # created on first use of ctx.http / ctx.ahttp
         self._make_tools = make_tools
         self._runtime = runtime
-        self.log = logging.LoggerAdapter(_log, {"run_id": run_id, "step": step})
         self._trace: list[dict[str, Any]] = []
         self._clock = clock
         self._t0 = time.perf_counter()
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose records carry the run id and step (built on first use)."""
+        if self._log is None:
+            self._log = logging.LoggerAdapter(_log, {"run_id": self.run_id, "step": self.step})
+        return self._log
 
     def trace(self, message: str, **data: Any) -> None:
         """Record why the step did what it did; journaled with the step's output."""
