@@ -1,22 +1,40 @@
 """The engine: fold and replay, scheduling, retries, recovery, and the agentsaga CLI."""
 
-from orchestrator._agent_tools import (
-    LoopResult,
-    ToolContext,
-    ToolLoopLimitError,
-    ToolRegistry,
-    arun_tool_loop,
-    run_tool_loop,
-)
-from orchestrator._cassette import Cassette
-from orchestrator._chatserver import ChatServer
+from typing import Any
+
+# The agent API (model client, prompts, tool loop, cassettes, the scripted chat server) is imported
+# on first use: a process that only resumes runs should not pay for jinja2 and the LLM client.
+_LAZY = {
+    "LLM": "orchestrator._llm", "AsyncLLM": "orchestrator._llm", "ChatResult": "orchestrator._llm",
+    "ToolCall": "orchestrator._llm",
+    "Prompt": "orchestrator._prompts", "Prompts": "orchestrator._prompts",
+    "RenderedPrompt": "orchestrator._prompts", "PromptError": "orchestrator._prompts",
+    "ToolRegistry": "orchestrator._agent_tools", "ToolContext": "orchestrator._agent_tools",
+    "LoopResult": "orchestrator._agent_tools", "run_tool_loop": "orchestrator._agent_tools",
+    "arun_tool_loop": "orchestrator._agent_tools", "ToolLoopLimitError": "orchestrator._agent_tools",
+    "Cassette": "orchestrator._cassette", "ChatServer": "orchestrator._chatserver",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+from orchestrator._gc import GcReport
+from orchestrator._summary import RunSummary
+from orchestrator._verify import VerifyProblem, VerifyReport
 from orchestrator._codec import dumps as encode_json
 from orchestrator._codec import loads as decode_json
 from orchestrator._context import StepContext
 from orchestrator._events import ACTIVE_STATUSES, TERMINAL_STATUSES, EventKind
 from orchestrator._fold import RunState, apply, fold
-from orchestrator._llm import LLM, AsyncLLM, ChatResult, ToolCall
-from orchestrator._prompts import Prompt, PromptError, Prompts, RenderedPrompt
 from orchestrator._orchestrator import Orchestrator
 from orchestrator._result import RunResult
 from orchestrator.errors import (
@@ -57,6 +75,10 @@ __all__ = [
     "arun_tool_loop",
     "ToolLoopLimitError",
     "Cassette",
+    "GcReport",
+    "RunSummary",
+    "VerifyProblem",
+    "VerifyReport",
     "ChatServer",
     "ACTIVE_STATUSES",
     "TERMINAL_STATUSES",

@@ -13,9 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 from compensations import BreakerRegistry, default_breakers
+from typing import TYPE_CHECKING
+
 from orchestrator._breakers import StoreBreakers
-from orchestrator._http import AsyncHttpTool, HttpTool
 from orchestrator._redact import Redactor
+
+if TYPE_CHECKING:  # httpx is imported when a step first makes a call, not by every process
+    from orchestrator._http import AsyncHttpTool, HttpTool
 
 __all__ = ["Tools", "StepTools"]
 
@@ -31,6 +35,8 @@ class Tools:
         self.clock = clock
         self.max_body = max_body
         self._client: Any = None
+        #: cluster-wide limits on in-flight calls per tool (orchestrator._limits.CallLimits), or None
+        self.call_limits: Any = None
 
     @property
     def client(self) -> Any:
@@ -72,12 +78,15 @@ class StepTools:
         self._made += 1
         return self.key if n == 0 else f"{self.key}:{n}"
 
-    def _options(self) -> dict[str, Any]:
+    def _options(self, is_async: bool = False) -> dict[str, Any]:
         t = self.tools
+        hooks = t.breakers.hooks(t.registry, self.transitions.append)
+        if t.call_limits is not None:  # hold one of the tool's slots from before the call to after it
+            hooks = t.call_limits.wrap(hooks, is_async=is_async)
         return {
             "journal": self.calls.append,
             "idempotency_key": self._next_key,
-            "breaker": t.breakers.hooks(t.registry, self.transitions.append),
+            "breaker": hooks,
             "redactor": t.redactor,
             "max_body": t.max_body,
             "attempt": lambda: self.attempt,
@@ -87,13 +96,17 @@ class StepTools:
     @property
     def http(self) -> HttpTool:
         if self._http is None:
+            from orchestrator._http import HttpTool
+
             self._http = HttpTool(client=self.tools.client, **self._options())
         return self._http
 
     @property
     def ahttp(self) -> AsyncHttpTool:
         if self._ahttp is None:
-            self._ahttp = AsyncHttpTool(**self._options())
+            from orchestrator._http import AsyncHttpTool
+
+            self._ahttp = AsyncHttpTool(**self._options(is_async=True))
         return self._ahttp
 
     async def aclose(self) -> None:
