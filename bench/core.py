@@ -1,6 +1,6 @@
 """agentsaga's own cost model (issue 2): per-step cost against the floor, bytes, resume time.
 
-    python bench/core.py            # full: 7 repetitions, 1,000-step runs, resume after 1k and 10k
+    python bench/core.py            # full: 11 repetitions, 1,000-step runs, resume after 1k and 10k
     python bench/core.py --quick    # smoke: one repetition, small counts
 
 Per step: one workflow of 1,000 trivial steps (each returns ~60 bytes), timed around ``orc.run``
@@ -39,7 +39,7 @@ from _floor import (
 from _report import ChildError, check_import, fmt_num, fmt_summary, machine, run_child, table
 from _systems import REQUIRES
 
-FULL = {"reps": 7, "steps_n": 1000, "floor_n": 1000, "bytes_n": 1000, "resume_points": [1000, 10000], "tail": 100}
+FULL = {"reps": 11, "steps_n": 1000, "floor_n": 1000, "bytes_n": 1000, "resume_points": [1000, 10000], "tail": 100}
 QUICK = {"reps": 1, "steps_n": 200, "floor_n": 200, "bytes_n": 200, "resume_points": [1000, 10000], "tail": 10}
 TARGETS = {"sqlite_ratio": 2.0, "pg_ratio": 1.5, "bytes_per_step": 400, "resume_ms_10k_abs": 20.0, "resume_growth": 2.0}
 
@@ -89,16 +89,23 @@ class Core:
             finally:
                 remove_sqlite(t["path"])
             if not self.pg_reason:
-                vals["floor_pg"].append(pg_floor_once(self.pg, self.plan["floor_n"]))
-                vals["floor_pg_1stmt"].append(pg_floor_once(self.pg, self.plan["floor_n"], single=True))
-                t = self.pg_target()
+                t = None
                 try:
+                    vals["floor_pg"].append(pg_floor_once(self.pg, self.plan["floor_n"]))
+                    vals["floor_pg_1stmt"].append(pg_floor_once(self.pg, self.plan["floor_n"], single=True))
+                    t = self.pg_target()
                     vals["pg"].append(self.child("agentsaga-pg", "steps", t, n=n)[0]["ms_per_step"])
-                except ChildError as exc:
-                    vals["pg"].append(None)
+                except Exception as exc:  # a failed child, or the server went away: one sample lost
+                    for key in ("floor_pg", "floor_pg_1stmt", "pg"):  # keep the pairs aligned
+                        del vals[key][rep:]
+                        vals[key].append(None)
                     self.errors["pg_steps"] = str(exc)
                 finally:
-                    self.schemas.drop(t["schema"])
+                    if t is not None:
+                        try:
+                            self.schemas.drop(t["schema"])
+                        except Exception:  # close() drops leftovers at the end
+                            pass
             print(f"  steps rep {rep + 1}/{self.plan['reps']} done", file=sys.stderr, flush=True)
         out = {k: summary(v) for k, v in vals.items()}
         # Ratios are taken per repetition, against the floor measured just before that run, then
@@ -175,7 +182,7 @@ class Core:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: one repetition, small counts")
-    ap.add_argument("--reps", type=int, help="repetitions (default 7)")
+    ap.add_argument("--reps", type=int, help="repetitions (default 11)")
     ap.add_argument("--snapshot-every", type=int, help="pass snapshot_every=N to Orchestrator (default: engine's)")
     args = ap.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL)

@@ -38,7 +38,7 @@ from _systems import REQUIRES, REQUIRES_PG, SYSTEMS, backend_of
 
 FULL = {
     "reps": 3,
-    "steps_reps": 5,
+    "steps_reps": 9,
     "steps_n": 1000,
     "floor_n": 1000,
     "many_count": 500,
@@ -106,7 +106,10 @@ class Bench:
                 if os.path.exists(extra):
                     os.remove(extra)
         else:
-            self.schemas.drop(target["schema"])
+            try:
+                self.schemas.drop(target["schema"])
+            except Exception:  # server briefly away: close() drops the leftovers at the end
+                pass
 
     def copy(self, golden: dict, system: str) -> dict:
         """A fresh copy of a crashed SQLite database (and its ledger) for one resume repetition."""
@@ -132,19 +135,25 @@ class Bench:
             floor["sqlite"].append(sqlite_floor_once(floor_db, self.plan["floor_n"]))
             floor["sqlite_1stmt"].append(sqlite_floor_once(floor_db, self.plan["floor_n"], single=True))
             if not self.pg_reason:
-                floor["pg"].append(pg_floor_once(self.pg, self.plan["floor_n"]))
-                floor["pg_1stmt"].append(pg_floor_once(self.pg, self.plan["floor_n"], single=True))
+                for key, single in (("pg", False), ("pg_1stmt", True)):
+                    try:
+                        floor[key].append(pg_floor_once(self.pg, self.plan["floor_n"], single=single))
+                    except Exception as exc:  # the server went away mid-run: lose one sample
+                        floor[key].append(None)
+                        self.fail("floor", key, exc)
             for s in self.active:
-                t = self.target(s)
+                t = None
                 try:
+                    t = self.target(s)
                     r, _ = run_child({"system": s, "op": "steps", "n": n, "target": t})
                     vals[s].append(r["ms_per_step"])
                     config[s] = r.get("config", {})
-                except ChildError as exc:
+                except Exception as exc:  # a failed child or database: reported in its cell
                     vals[s].append(None)  # keeps repetitions aligned for the paired ratios
                     self.fail("steps", s, exc)
                 finally:
-                    self.release(t)
+                    if t is not None:
+                        self.release(t)
             print(f"  steps rep {rep + 1}/{reps} done", file=sys.stderr, flush=True)
         # Ratios per repetition (each engine against the floor and the agentsaga run of the same
         # round), then the median: drift on the machine moves both halves of a pair alike.
@@ -166,16 +175,18 @@ class Bench:
         vals: dict[str, list[float]] = {s: [] for s in self.active}
         for rep in range(reps):
             for s in self.active:
-                t = self.target(s)
+                t = None
                 try:
+                    t = self.target(s)
                     r, _ = run_child({"system": s, "op": "many", "n": n, "count": count, "target": t})
                     if not r["final_ok"]:
                         raise ChildError("a workflow ended with the wrong state")
                     vals[s].append(r["wf_per_s"])
-                except ChildError as exc:
+                except Exception as exc:  # a failed child or database: reported in its cell
                     self.fail("many", s, exc)
                 finally:
-                    self.release(t)
+                    if t is not None:
+                        self.release(t)
             print(f"  many rep {rep + 1}/{reps} done", file=sys.stderr, flush=True)
         return {"count": count, "n": n, "systems": {s: summary(v) for s, v in vals.items()}}
 
@@ -218,7 +229,7 @@ class Bench:
                     try:
                         golden[s] = self._crash(s, k, n)
                         os.replace(golden[s]["ledger"], golden[s]["path"] + ".ledger")
-                    except ChildError as exc:
+                    except Exception as exc:  # a failed child or database: reported in its cell
                         self.fail(f"crash {key}", s, exc)
             for rep in range(self.plan["reps"]):
                 for s in self.active:
@@ -231,7 +242,7 @@ class Bench:
                         else:
                             t = self._crash(s, k, n)
                         rows[s].append(self._resume(s, t, n))
-                    except ChildError as exc:
+                    except Exception as exc:  # a failed child or database: reported in its cell
                         self.fail(f"resume {key}", s, exc)
                     finally:
                         if t is not None:
@@ -259,14 +270,16 @@ class Bench:
             out[label] = {s: {} for s in self.active}
             for n in self.plan["bytes_n"]:
                 for s in self.active:
-                    t = self.target(s)
+                    t = None
                     try:
+                        t = self.target(s)
                         r, _ = run_child({"system": s, "op": "bytes", "n": n, "pad": pad, "target": t})
                         out[label][s][str(n)] = r["bytes_per_step"]
-                    except ChildError as exc:
+                    except Exception as exc:  # a failed child or database: reported in its cell
                         self.fail(f"bytes {label}@{n}", s, exc)
                     finally:
-                        self.release(t)
+                        if t is not None:
+                            self.release(t)
             print(f"  bytes {label} done", file=sys.stderr, flush=True)
         return out
 
@@ -392,7 +405,7 @@ def check_targets(res: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: small counts, one repetition")
-    ap.add_argument("--reps", type=int, help="repetitions per measurement (default 3, steps 5)")
+    ap.add_argument("--reps", type=int, help="repetitions per measurement (default 3, steps 9)")
     ap.add_argument("--systems", help="comma-separated subset of: " + ", ".join(SYSTEMS))
     ap.add_argument("--workloads", default="steps,many,crash,bytes", help="comma-separated subset")
     args = ap.parse_args(argv)
