@@ -13,6 +13,9 @@ _LAZY = {
     "LoopResult": "orchestrator._agent_tools", "run_tool_loop": "orchestrator._agent_tools",
     "arun_tool_loop": "orchestrator._agent_tools", "ToolLoopLimitError": "orchestrator._agent_tools",
     "Cassette": "orchestrator._cassette", "ChatServer": "orchestrator._chatserver",
+    "Worker": "orchestrator._worker", "Limits": "orchestrator._limits", "QueueLimit": "orchestrator._limits",
+    "Stats": "orchestrator._stats", "collect_stats": "orchestrator._stats",
+    "enable_tracing": "orchestrator._otel", "Tracing": "orchestrator._otel",
 }
 
 
@@ -75,6 +78,13 @@ __all__ = [
     "arun_tool_loop",
     "ToolLoopLimitError",
     "Cassette",
+    "Worker",
+    "Limits",
+    "QueueLimit",
+    "Stats",
+    "collect_stats",
+    "enable_tracing",
+    "Tracing",
     "GcReport",
     "RunSummary",
     "VerifyProblem",

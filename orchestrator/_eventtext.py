@@ -63,7 +63,7 @@ def headline(kind: str, data: dict[str, Any]) -> str:
             then = f"retry in {_seconds(data.get('retry_in'))}"
         return f"{where}) failed; {then}"
     if kind == "Resumed":
-        return (f"by {data.get('owner')} (token {data.get('token')}) from snapshot seq {data.get('snapshot_seq')}, "
+        return (f"by {data.get('owner')} (lease {data.get('lease')}) from snapshot seq {data.get('snapshot_seq')}, "
                 f"{data.get('replayed')} events replayed")
     if kind == "SnapshotRejected":
         return f"snapshot at seq {data.get('seq')}: {data.get('reason')}"

@@ -21,9 +21,11 @@ _log = logging.getLogger("agentsaga.lease")
 
 
 class Heartbeat:
-    def __init__(self, store: Store, *, ttl: float, clock: Callable[[], float]) -> None:
+    def __init__(self, store: Store, *, ttl: float, clock: Callable[[], float],
+                 interval: float | None = None) -> None:
         self._store = store
         self._ttl = ttl
+        self._interval = interval if interval is not None else ttl / 3.0
         self._clock = clock
         self._held: dict[str, int] = {}
         self._lost: set[str] = set()
@@ -48,6 +50,13 @@ class Heartbeat:
 
     def lost(self, run_id: str) -> bool:
         return run_id in self._lost
+
+    def abandon(self, run_id: str) -> None:
+        """Make the driver of a held run stop at its next step boundary, as if the lease were lost
+        (a worker handing the run back at shutdown); the lease itself is the caller's to release."""
+        with self._lock:
+            if run_id in self._held:
+                self._lost.add(run_id)
 
     def stop(self) -> None:
         self._stopping = True
@@ -75,7 +84,7 @@ class Heartbeat:
                 _log.warning("could not renew lease on run %s: %s", run_id, exc)
 
     def _loop(self) -> None:
-        interval = max(self._ttl / 3.0, 0.05)
+        interval = max(self._interval, 0.05)
         while not self._stopping:
             if self._wake.wait(interval):
                 break

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from orchestrator import _codec as codec
 from orchestrator._audit import AuditMixin
+from orchestrator._queues import QueueMixin
 from orchestrator._engine import Engine, EngineConfig, Live
 from orchestrator._events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator._events import EventKind as K
@@ -41,7 +42,7 @@ def _default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class Orchestrator(AuditMixin):
+class Orchestrator(AuditMixin, QueueMixin):
     """Runs workflows durably against a store.
 
     ``url`` is a database URL (``sqlite:///file.db``, ``postgresql://...``); without it,
@@ -349,7 +350,8 @@ class Orchestrator(AuditMixin):
         return self._result(run_id, wf, rs, status=rec.status)
 
     # -- internals -------------------------------------------------------------------------------
-    def _create(self, workflow: Workflow, input: Any, *, run_id: str | None, lease: bool) -> Live | None:
+    def _create(self, workflow: Workflow, input: Any, *, run_id: str | None, lease: bool,
+                **placement: Any) -> Live | None:
         self.register(workflow)
         wf = workflow
         if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
@@ -374,9 +376,10 @@ class Orchestrator(AuditMixin):
                 target=data["target"] or "", created_at=now, status="running" if lease else "pending",
                 events=[NewEvent(seq=1, kind=K.RUN_STARTED, data=text, at=now)],
                 lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
+                **placement,  # queue, priority, dedup_key (enqueue)
             )
-        except DuplicateRunError:
-            if run_id is None:
+        except DuplicateRunError as dup:
+            if run_id is None or dup.existing_run_id != run_id:  # a dedup key's clash: the caller's
                 raise
             existing = self.store.get_run(run_id)
             if existing.workflow != wf.name:
@@ -415,8 +418,9 @@ class Orchestrator(AuditMixin):
         batch: list[tuple[str, dict[str, Any]]] = [
             (K.SNAPSHOT_REJECTED, {"seq": seq, "reason": why}) for seq, why in rejected
         ]
-        batch.append((K.RESUMED, {"owner": self.engine.cfg.owner, "token": token, "snapshot_seq": snap_seq,
-                                  "replayed": rs.seq - snap_seq}))
+        # The fencing token is called "lease": a field named "token" reads as a secret to the redactor.
+        batch.append((K.RESUMED, {"owner": self.engine.cfg.owner, "lease": token,
+                                  "snapshot_seq": snap_seq, "replayed": rs.seq - snap_seq}))
         self.engine.commit(live, batch)
         await self.engine.drive(live)
         return self._result(run_id, wf, live.rs)

@@ -8,50 +8,27 @@ usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator import _codec as codec
+from orchestrator._cli_audit import add_audit_verbs
+from orchestrator._cli_common import CommandError, UsageError, add_progress_flag
+from orchestrator._cli_common import open_orchestrator as _orchestrator
+from orchestrator._cli_common import parse_json as _parse_json
+from orchestrator._cli_common import parse_time as _parse_time
 from orchestrator._loader import load_target
-from orchestrator._orchestrator import Orchestrator
 from orchestrator._result import RunResult
-from orchestrator._term import safe, table, when
+from orchestrator._term import json_line, safe, table, when
 from orchestrator.errors import OrchestratorError
 from store import RunRecord, StoreError
 from workflows import WorkflowError
 
 __all__ = ["main", "build_parser"]
-
-
-class UsageError(Exception):
-    """Bad command-line input (exit 2)."""
-
-
-def _parse_time(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        value = _dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"invalid time {text!r}: use ISO 8601, e.g. 2026-11-22 or 2026-11-22T10:00:00") from None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=_dt.timezone.utc)
-    return value.timestamp()
-
-
-def _parse_json(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{what} is not valid JSON: {exc}") from None
-
-
-def _orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = ()) -> Orchestrator:
-    return Orchestrator(args.db, workflows=workflows)
 
 
 def _result_json(res: RunResult) -> dict[str, Any]:
@@ -62,7 +39,7 @@ def _result_json(res: RunResult) -> dict[str, Any]:
 
 def _print_result(res: RunResult, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(_result_json(res), ensure_ascii=False))
+        print(json_line(_result_json(res)))
         return
     print(f"run {safe(res.run_id)}  workflow {safe(res.workflow)}  status {res.status}  events {res.seq}")
     if res.error:
@@ -104,7 +81,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         results = orc.recover(limit=args.limit)
     if args.json:
         for res in results:
-            print(json.dumps(_result_json(res), ensure_ascii=False))
+            print(json_line(_result_json(res)))
     elif not results:
         print("no interrupted runs to recover")
     else:
@@ -117,6 +94,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with _orchestrator(args) as orc:
         res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
     _print_result(res, args.json)
+    return 0
+
+
+def cmd_signal(args: argparse.Namespace) -> int:
+    payload = _parse_json(args.data, "--data") if args.data is not None else None
+    with _orchestrator(args) as orc:
+        orc.signal(args.run_id, args.name, payload)
+    print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; "
+          "it continues on the next `agentsaga recover` (or a worker)")
     return 0
 
 
@@ -151,10 +137,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     status = [s for part in args.status for s in part.split(",") if s] if args.status else None
     with _orchestrator(args) as orc:
         runs = orc.list_runs(status=status, workflow=args.workflow, since=_parse_time(args.since),
-                             until=_parse_time(args.until), limit=args.limit)
+                             until=_parse_time(args.until), limit=args.limit, offset=args.offset)
     if args.json:
         for rec in runs:
-            print(json.dumps(_run_json(rec), ensure_ascii=False))
+            print(json_line(_run_json(rec)))
         return 0
     if not runs:
         print("no runs")
@@ -192,34 +178,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", metavar="JSON", help="the run's input as a JSON object")
     p.add_argument("--input-file", metavar="FILE", help="read the input JSON from a file")
     p.add_argument("--run-id", metavar="ID", help="choose the run id (a second run with it continues the first)")
+    add_progress_flag(p)
 
     p = verb("resume", cmd_resume, "continue an interrupted run now (takes its lease over)")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--allow-graph-change", action="store_true", help="continue even if the workflow graph changed")
+    add_progress_flag(p)
 
     p = verb("recover", cmd_recover, "resume every interrupted run whose lease has expired")
     p.add_argument("--limit", type=int, default=None, help="recover at most N runs")
+    add_progress_flag(p)
 
     p = verb("cancel", cmd_cancel, "cancel a run that has not finished")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--reason", default=None)
     p.add_argument("--compensate", action="store_true", help="undo the run's completed effects first")
+    add_progress_flag(p)
+
+    p = verb("signal", cmd_signal, "send a signal (e.g. a human's approval) to a run", json_flag=False)
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--data", metavar="JSON", help="the signal's data as JSON")
 
     p = verb("compensate", cmd_compensate, "retry the remaining compensations of a compensation_failed run")
     p.add_argument("run_id", metavar="RUN")
+    add_progress_flag(p)
 
     p = verb("rollback", cmd_rollback, "undo the effects after a checkpoint and continue the run from it")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--to", required=True, help="a journal seq at a tick boundary, or a step name")
     p.add_argument("--input", metavar="JSON", help="merged into the checkpoint's state")
     p.add_argument("--next", metavar="STEP", help="force the step the run continues with")
+    add_progress_flag(p)
 
     p = verb("runs", cmd_runs, "list runs, newest first")
     p.add_argument("--status", action="append", help="filter by status (repeat or comma-separate)")
     p.add_argument("--workflow", help="filter by workflow name")
     p.add_argument("--since", metavar="TIME", help="created at or after (ISO 8601, UTC if no zone)")
     p.add_argument("--until", metavar="TIME", help="created before (ISO 8601)")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
+    p.add_argument("--offset", type=int, default=0, help="skip the N newest matching runs (paging)")
+
+    add_audit_verbs(verb)
+    from orchestrator._cli_ops import add_ops_verbs; add_ops_verbs(sub, verb)  # noqa: E702 worker, enqueue, stats, retry
+    from orchestrator._cli_demo import add_demo_verb; add_demo_verb(sub, verb)  # noqa: E702 the offline demo
     return parser
 
 
@@ -231,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"agentsaga: error: {safe(exc)}", file=sys.stderr)
         return 2
-    except (OrchestratorError, StoreError, WorkflowError) as exc:
+    except (OrchestratorError, StoreError, WorkflowError, CommandError) as exc:
         if args.debug:
             traceback.print_exc()
         print(f"agentsaga: error: {safe(exc)}", file=sys.stderr)
@@ -239,6 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("agentsaga: interrupted; the run can be resumed", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`agentsaga history RUN | head`): stop quietly. stdout is pointed
+        # at /dev/null so the interpreter's final flush does not raise a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -63,6 +63,8 @@ class RunRow(_Base, table=True):
         Index("ix_agentsaga_runs_status_created", "status", "created_at"),
         Index("ix_agentsaga_runs_workflow_created", "workflow", "created_at"),
         Index("ix_agentsaga_runs_claim", "status", "lease_expires_at"),
+        # When the next parked run is due: what an idle worker sleeps until (store/_listen.py).
+        Index("ix_agentsaga_runs_wake", "status", "wake_at"),
         Index(
             "ux_agentsaga_runs_dedup",
             "dedup_key",
@@ -99,9 +101,9 @@ class RunRow(_Base, table=True):
 
 class EventRow(_Base, table=True):
     __tablename__ = "agentsaga_events"
-    # WITHOUT ROWID stores rows in the primary-key b-tree itself: no hidden rowid and no
-    # separate (run_pk, seq) index, which is most of the bytes of a small event.
-    __table_args__ = ({"sqlite_with_rowid": False},)
+    # An ordinary rowid table, measured against WITHOUT ROWID (bench/core.py, peers.py): a
+    # WITHOUT ROWID row over ~1 KB spills into an overflow page of its own, mostly empty (4.7 KB a
+    # step for 1 KB outputs against 1.4 KB here), and even small events came out smaller here.
 
     run_pk: int = Field(primary_key=True, sa_type=BigInteger, sa_column_kwargs=_NO_AUTOINCREMENT)
     seq: int = Field(primary_key=True, sa_column_kwargs=_NO_AUTOINCREMENT)
@@ -148,13 +150,74 @@ class SignalRow(_Base, table=True):
     )
 
 
+class SlotRow(_Base, table=True):
+    """One unit of a cluster-wide concurrency limit (a tool's in-flight calls): held until it
+    expires, so a holder that dies frees it without anyone's help (store/_limits.py)."""
+
+    __tablename__ = "agentsaga_slots"
+
+    name: str = Field(primary_key=True)
+    idx: int = Field(primary_key=True, sa_column_kwargs=_NO_AUTOINCREMENT)
+    holder: str | None = None
+    expires_at: float | None = None
+
+
+class QueueStartRow(_Base, table=True):
+    """When runs of a rate-limited queue were handed out: the sliding window the limit counts."""
+
+    __tablename__ = "agentsaga_queue_starts"
+    __table_args__ = (Index("ix_agentsaga_queue_starts_queue_at", "queue", "at"),)
+
+    pk: int | None = Field(default=None, primary_key=True, sa_type=_PK)
+    queue: str
+    at: float
+
+
+class RunFailureRow(_Base, table=True):
+    """Why recovering a run failed (store/_deadletter.py): a driver error, the run's move to
+    `dead`, or a retry by hand. Opaque JSON `error`, like every payload."""
+
+    __tablename__ = "agentsaga_run_failures"
+    __table_args__ = (
+        Index("ix_agentsaga_run_failures_run", "run_pk", "pk"),
+        {"sqlite_autoincrement": True},
+    )
+
+    pk: int | None = Field(default=None, primary_key=True, sa_type=_PK)
+    run_pk: int = Field(sa_type=BigInteger)
+    at: float
+    owner: str | None = None
+    kind: str
+    error: str = Field(sa_type=Text)
+    recoveries: int = Field(default=0, sa_column_kwargs=_DEFAULT_0)
+    status: str | None = None  # the run's status when written (for `dead`: the one to restore)
+
+
 _TABLES = [
     RunRow.__table__,
     EventRow.__table__,
     SnapshotRow.__table__,
     BreakerRow.__table__,
     SignalRow.__table__,
+    SlotRow.__table__,
+    QueueStartRow.__table__,
+    RunFailureRow.__table__,
 ]
+
+# Postgres only: wake listening workers (LISTEN/NOTIFY) whenever a run may have become claimable:
+# created, its lease released, its timer moved (a signal's wake), its status set back (a retry).
+# The trigger sends the notification in the transaction that made the change, so it is delivered
+# exactly when the change is visible. The channel is per schema (a hash: identifiers stop at 63
+# bytes), the payload the run's queue. Renewals (lease_expires_at) and appends never fire it.
+_PG_NOTIFY_DDL = (
+    "CREATE OR REPLACE FUNCTION agentsaga_runs_notify() RETURNS trigger LANGUAGE plpgsql AS $f$"
+    " BEGIN PERFORM pg_notify('agentsaga_' || left(md5(TG_TABLE_SCHEMA), 16), coalesce(NEW.queue, ''));"
+    " RETURN NULL; END $f$",
+    "DROP TRIGGER IF EXISTS agentsaga_runs_notify ON agentsaga_runs",
+    "CREATE TRIGGER agentsaga_runs_notify AFTER INSERT OR UPDATE OF lease_owner, wake_at, status"
+    " ON agentsaga_runs FOR EACH ROW WHEN (NEW.lease_owner IS NULL AND NEW.finished_at IS NULL)"
+    " EXECUTE FUNCTION agentsaga_runs_notify()",
+)
 
 
 def ddl(sa_dialect: SADialect) -> list[str]:
@@ -219,6 +282,8 @@ def ensure_schema(dialect, conn) -> int | None:
         found = _stored_version(dialect, conn)  # again: another process may have won the race
         if found is None:
             for sql in ddl(sa_dialect):
+                dialect.execute(conn, sql, ())
+            for sql in _PG_NOTIFY_DDL if dialect.name == "postgresql" else ():
                 dialect.execute(conn, sql, ())
             dialect.execute(
                 conn,

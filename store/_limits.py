@@ -1,0 +1,197 @@
+"""Bulkheads in the database: claims that respect a queue's limits, and slots for a tool's calls.
+
+A mixin of `Store` (see `_api.py`). Limits hold across every process using the database, so they
+are decided by the database, never by counting in memory:
+
+- **Queue concurrency** (`claim_from_queue(..., concurrency=N)`): at most N runs of the queue
+  leased at once. Live leases *are* the in-flight runs, so nothing extra has to be kept in step:
+  a worker that dies frees its share when its leases expire, a run handed back frees it at once.
+  Counting and claiming happen in one transaction under a per-queue lock (a Postgres advisory
+  transaction lock; SQLite's `BEGIN IMMEDIATE` already admits one writer), so two workers
+  cannot both see room for the last run.
+- **Queue rate** (`rate=(n, per)`): at most n runs handed out in any window of `per` seconds.
+  A sliding window, not a token bucket: a bucket lets 2n through across a window boundary. Each
+  hand-out is a row in `agentsaga_queue_starts`; rows older than the window are deleted as the
+  window slides.
+- **Slots** (`acquire_slot`): N numbered rows per name; a holder takes a free or expired one with
+  one conditional UPDATE and renews it while it holds it. Used for in-flight calls to one API.
+
+Times are the caller's (the injected clock), as everywhere in the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._boundary import Boundary
+    from ._dialect import Dialect
+
+__all__ = ["LimitsMixin"]
+
+# Per schema as well as per queue: tenants (and test schemas) sharing a database do not queue
+# behind each other's claims.
+_PG_QUEUE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('agentsaga.queue'), hashtext(current_schema() || ':' || ?))"
+_TAKE_SLOT = (
+    "UPDATE agentsaga_slots SET holder = ?, expires_at = ?"
+    " WHERE name = ? AND (holder IS NULL OR expires_at <= ?) AND idx = (SELECT idx FROM agentsaga_slots"
+    " WHERE name = ? AND idx < ? AND (holder IS NULL OR expires_at <= ?) ORDER BY idx LIMIT 1{lock})"
+    " RETURNING idx"
+)
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+def _listed(values: Sequence[str] | str | None) -> list[str] | None:
+    if values is None:
+        return None
+    return [values] if isinstance(values, str) else list(values)
+
+
+class LimitsMixin:
+    _d: Dialect
+    _b: Boundary
+
+    # -- claims ----------------------------------------------------------------------------------
+
+    def _claim_where(self, statuses: Sequence[str], now: float, queues: list[str] | None,
+                     not_queues: Sequence[str], not_runs: Sequence[str]) -> tuple[str, list[Any]]:
+        where = (
+            f"status IN ({_marks(len(statuses))})"
+            " AND (lease_owner IS NULL OR lease_expires_at <= ?)"
+            " AND (wake_at IS NULL OR wake_at <= ?)"
+        )
+        params: list[Any] = [*statuses, now, now]
+        if queues is not None:
+            where += f" AND queue IN ({_marks(len(queues))})"
+            params += queues
+        if not_queues:
+            # NULL NOT IN (...) is NULL, not true: runs with no queue must stay claimable.
+            where += f" AND (queue IS NULL OR queue NOT IN ({_marks(len(not_queues))}))"
+            params += list(not_queues)
+        if not_runs:
+            where += f" AND run_id NOT IN ({_marks(len(not_runs))})"
+            params += list(not_runs)
+        return where, params
+
+    def _claim(self, conn: Any, owner: str, ttl: float, now: float, where: str, params: list[Any],
+               limit: int) -> list[tuple[str, int]]:
+        sql = self._d.claim_sql(where)
+        rows = self._d.fetchall(conn, sql, [owner, now + ttl, *params, limit])
+        rows.sort(key=lambda r: (-r[2], r[3], r[4]))  # RETURNING has no order of its own
+        return [(run_id, int(token)) for run_id, token, *_ in rows]
+
+    def claim_some(
+        self, *, owner: str, ttl: float, now: float, statuses: Sequence[str], limit: int,
+        queues: Sequence[str] | None = None, not_queues: Sequence[str] = (),
+        not_runs: Sequence[str] = (),
+    ) -> list[tuple[str, int]]:
+        """`claim_runs`, plus exclusions: queues claimed elsewhere (under their limits) and runs
+        this caller must not take (it could not import their workflow)."""
+        if ttl <= 0:
+            raise ValueError("claim_some: ttl must be > 0")
+        statuses = list(statuses)
+        queue_list = _listed(queues)
+        if limit <= 0 or not statuses or queue_list == []:
+            return []
+        where, params = self._claim_where(statuses, now, queue_list, not_queues, not_runs)
+        return self._b.run("claim_some", lambda conn: self._claim(conn, owner, ttl, now, where, params, limit))
+
+    def claim_from_queue(
+        self, queue: str, *, owner: str, ttl: float, now: float, statuses: Sequence[str],
+        limit: int, concurrency: int | None = None, rate: tuple[int, float] | None = None,
+        not_runs: Sequence[str] = (),
+    ) -> tuple[list[tuple[str, int]], bool]:
+        """Claim up to `limit` runs of `queue`, keeping at most `concurrency` of its runs leased
+        across all processes and at most `rate[0]` handed out per `rate[1]` seconds.
+
+        Returns the claimed (run_id, token) pairs and whether a limit cut the claim short (then
+        runs may be waiting for room: look again soon; else the queue had no more runnable runs)."""
+        if ttl <= 0:
+            raise ValueError("claim_from_queue: ttl must be > 0")
+        statuses = list(statuses)
+        if limit <= 0 or not statuses:
+            return [], False
+        d = self._d
+        where, params = self._claim_where(statuses, now, [queue], (), not_runs)
+        in_flight_sql = (
+            f"SELECT COUNT(*) FROM agentsaga_runs WHERE status IN ({_marks(len(statuses))})"
+            " AND lease_expires_at > ? AND queue = ?"
+        )
+
+        def work(conn: Any) -> tuple[list[tuple[str, int]], bool]:
+            with d.transaction(conn):
+                if d.name == "postgresql":
+                    d.execute(conn, _PG_QUEUE_LOCK, (queue,))
+                room = limit
+                if concurrency is not None:
+                    busy = d.fetchone(conn, in_flight_sql, (*statuses, now, queue))[0]
+                    room = min(room, concurrency - int(busy))
+                if rate is not None:
+                    n, per = rate
+                    d.execute(conn, "DELETE FROM agentsaga_queue_starts WHERE queue = ? AND at <= ?",
+                              (queue, now - per))
+                    used = d.fetchone(conn, "SELECT COUNT(*) FROM agentsaga_queue_starts WHERE queue = ?",
+                                      (queue,))[0]
+                    room = min(room, n - int(used))
+                if room <= 0:
+                    return [], True
+                claimed = self._claim(conn, owner, ttl, now, where, params, room)
+                if rate is not None and claimed:
+                    d.executemany(conn, "INSERT INTO agentsaga_queue_starts (queue, at) VALUES (?, ?)",
+                                  [(queue, now)] * len(claimed))
+                return claimed, room < limit and len(claimed) == room
+
+        return self._b.run("claim_from_queue", work)
+
+    def queue_in_flight(self, queue: str, *, now: float, statuses: Sequence[str]) -> int:
+        """How many runs of `queue` are leased right now (by anyone)."""
+        statuses = list(statuses)
+        sql = (
+            f"SELECT COUNT(*) FROM agentsaga_runs WHERE status IN ({_marks(len(statuses))})"
+            " AND lease_expires_at > ? AND queue = ?"
+        )
+        row = self._b.run("queue_in_flight", lambda conn: self._d.fetchone(conn, sql, (*statuses, now, queue)))
+        return int(row[0])
+
+    # -- slots -----------------------------------------------------------------------------------
+
+    def acquire_slot(self, name: str, *, limit: int, holder: str, ttl: float, now: float) -> int | None:
+        """Take one of `limit` slots named `name` for `holder` until now + ttl; its index, or None
+        when all are held. A slot whose holder stopped renewing it is free once it expires."""
+        if limit <= 0 or ttl <= 0:
+            raise ValueError("acquire_slot: limit and ttl must be > 0")
+        d = self._d
+        take = _TAKE_SLOT.format(lock=d.claim_lock)
+        made: set[tuple[str, int]] = self.__dict__.setdefault("_slot_rows", set())
+
+        def work(conn: Any) -> int | None:
+            if (name, limit) not in made:
+                # The rows exist once per (name, limit); raising a limit adds rows, lowering it
+                # leaves the extra rows unused (idx < limit below).
+                d.executemany(conn, "INSERT INTO agentsaga_slots (name, idx) VALUES (?, ?)"
+                                    " ON CONFLICT (name, idx) DO NOTHING", [(name, i) for i in range(limit)])
+                made.add((name, limit))
+            rows = d.fetchall(conn, take, (holder, now + ttl, name, now, name, limit, now))
+            return int(rows[0][0]) if rows else None
+
+        return self._b.run("acquire_slot", work)
+
+    def release_slot(self, name: str, idx: int, *, holder: str) -> bool:
+        """Free the slot if `holder` still holds it; True if it did."""
+        sql = "UPDATE agentsaga_slots SET holder = NULL, expires_at = NULL WHERE name = ? AND idx = ? AND holder = ?"
+        return self._b.run("release_slot", lambda conn: self._d.execute(conn, sql, (name, idx, holder)).rowcount == 1)
+
+    def renew_slot(self, name: str, idx: int, *, holder: str, ttl: float, now: float) -> bool:
+        """Extend the slot to now + ttl; False when `holder` lost it (it expired and was taken)."""
+        sql = "UPDATE agentsaga_slots SET expires_at = ? WHERE name = ? AND idx = ? AND holder = ?"
+        return self._b.run("renew_slot",
+                           lambda conn: self._d.execute(conn, sql, (now + ttl, name, idx, holder)).rowcount == 1)
+
+    def slots_held(self, name: str, *, now: float) -> int:
+        """How many slots named `name` are held (not expired) right now."""
+        sql = "SELECT COUNT(*) FROM agentsaga_slots WHERE name = ? AND holder IS NOT NULL AND expires_at > ?"
+        return int(self._b.run("slots_held", lambda conn: self._d.fetchone(conn, sql, (name, now)))[0])

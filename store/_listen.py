@@ -1,0 +1,116 @@
+"""Wake-ups: when could there next be work, and being told the moment there is (a mixin of `Store`).
+
+An idle worker must neither spin nor sleep past work. Two things tell it when to look again:
+
+- `next_due(now, statuses)`: the earliest time a run that is not claimable now becomes so (a lease
+  expires, a parked run's timer is due). Both are index range scans (`status, lease_expires_at`
+  and `status, wake_at`), so asking costs the same with ten runs or ten million.
+- `listener()`: on Postgres, a dedicated connection LISTENing on the schema's channel. The trigger
+  created with the schema (`_schema.py`) NOTIFies it, with the run's queue as payload, whenever a
+  run may have become claimable (created, handed back, woken by a signal, retried). SQLite has no
+  such thing: `listener()` is None and workers poll (with backoff).
+
+The listener's connection is its own: LISTEN is per session, and the store's per-thread connections
+come and go with the retry boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import StoreUnavailableError
+
+if TYPE_CHECKING:
+    from ._boundary import Boundary
+    from ._dialect import Dialect
+
+__all__ = ["ListenMixin", "Listener"]
+
+_CHANNEL_SQL = "SELECT 'agentsaga_' || left(md5(current_schema()), 16)"
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+class Listener:
+    """A LISTENing Postgres session. ``wait(timeout)`` returns the payloads (queue names; "" for
+    runs with no queue) that arrived, ``[]`` on timeout; a lost connection raises
+    ``StoreUnavailableError`` (open a new listener to carry on). Use from one thread."""
+
+    def __init__(self, conninfo: str, url: str) -> None:
+        import psycopg
+
+        self._url = url
+        try:
+            self._conn = psycopg.connect(conninfo, autocommit=True)
+            channel = self._conn.execute(_CHANNEL_SQL).fetchall()[0][0]
+            self._conn.execute(f'LISTEN "{channel}"')
+        except psycopg.Error as exc:
+            self._close_quietly()
+            raise StoreUnavailableError(f"cannot LISTEN on {url}: {type(exc).__name__}: {str(exc).strip()}",
+                                        url=url) from exc
+        self.channel = channel
+
+    def wait(self, timeout: float) -> list[str]:
+        import psycopg
+
+        try:
+            first = list(self._conn.notifies(timeout=max(timeout, 0.0), stop_after=1))
+            if not first:
+                return []
+            # Drain what else is queued without waiting: one wake-up for a burst of enqueues.
+            more = list(self._conn.notifies(timeout=0.0))
+        except psycopg.Error as exc:
+            self._close_quietly()
+            raise StoreUnavailableError(f"LISTEN connection to {self._url} lost: {type(exc).__name__}: "
+                                        f"{str(exc).strip()}", url=self._url) from exc
+        return [n.payload for n in first + more]
+
+    def _close_quietly(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # closing a connection already known broken: nothing left to lose
+                pass
+
+    def close(self) -> None:
+        self._close_quietly()
+
+
+class ListenMixin:
+    _d: Dialect
+    _b: Boundary
+
+    def listener(self) -> Listener | None:
+        """A new LISTENing session on Postgres (the caller closes it); None on SQLite."""
+        conninfo = getattr(self._d, "conninfo", None)
+        if self._d.name != "postgresql" or conninfo is None:
+            return None
+        return Listener(conninfo, self._d.url)
+
+    def next_due(self, *, now: float, statuses: Sequence[str], queues: Sequence[str] | None = None) -> float | None:
+        """The earliest time after `now` at which a run in `statuses` (of `queues`, if given) that
+        is not claimable now becomes claimable: a live lease expiring, a timer coming due."""
+        statuses = list(statuses)
+        if not statuses or (queues is not None and not list(queues)):
+            return None
+        extra, qparams = "", []
+        if queues is not None:
+            extra = f" AND queue IN ({_marks(len(queues))})"
+            qparams = list(queues)
+        marks = _marks(len(statuses))
+        lease_sql = f"SELECT MIN(lease_expires_at) FROM agentsaga_runs WHERE status IN ({marks}) AND lease_expires_at > ?"
+        wake_sql = f"SELECT MIN(wake_at) FROM agentsaga_runs WHERE status IN ({marks}) AND wake_at > ?"
+
+        def work(conn: Any) -> float | None:
+            found = []
+            for sql in (lease_sql, wake_sql):
+                row = self._d.fetchone(conn, sql + extra, (*statuses, now, *qparams))
+                if row is not None and row[0] is not None:
+                    found.append(float(row[0]))
+            return min(found) if found else None
+
+        return self._b.run("next_due", work)
