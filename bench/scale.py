@@ -281,7 +281,7 @@ def dbos_throughput(base: str, schemas: PgSchemas, k: int, cfg: dict, log_dir: s
 
 def dbos_missing() -> str | None:
     try:
-        import dbos  # noqa: F401
+        import dbos  # noqa: F401  (only whether it imports)
     except ImportError as exc:
         return f"dbos not installed ({exc}); pip install -e '.[bench]'"
     return None

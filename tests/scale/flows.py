@@ -1,0 +1,132 @@
+"""Workflows the scale tests enqueue and their worker processes import (as ``tests/scale/flows.py:NAME``).
+
+Inputs carry what a test varies: ``api`` (the booking service's URL) and ``pause`` (seconds each
+step sleeps, so that kills and stops land in the middle of runs).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from workflows import END, Retry, Workflow, reducers
+
+# -- mixed: a plain step, two parallel branches (one an effect), a join, a final effect -------------
+mixed = Workflow("mixed", reducers={"log": reducers.append})
+
+
+@mixed.step(start=True)
+def plan(ctx, state):
+    time.sleep(state.get("pause", 0))
+    return {"log": "plan"}
+
+
+@mixed.step(effect=True, retry=Retry(attempts=5, initial=0.05, max_backoff=0.5))
+def flight(ctx, state):
+    r = ctx.http.post(f"{state['api']}/flights", json={"to": state["city"]})
+    time.sleep(state.get("pause", 0))
+    return {"flight": r.json()["id"], "log": "flight"}
+
+
+@mixed.step()
+def notes(ctx, state):
+    time.sleep(state.get("pause", 0))
+    return {"log": "notes"}
+
+
+@mixed.step(effect=True, retry=Retry(attempts=5, initial=0.05, max_backoff=0.5))
+def hotel(ctx, state):
+    r = ctx.http.post(f"{state['api']}/hotels", json={"city": state["city"]})
+    return {"hotel": r.json()["id"], "log": "hotel"}
+
+
+mixed.edge("plan", "flight")
+mixed.edge("plan", "notes")
+mixed.edge(["flight", "notes"], "hotel")
+mixed.edge("hotel", END)
+
+# -- slow: one effect that takes its time after the request left (SIGSTOP lands inside it) -----------
+slow = Workflow("slow")
+
+
+@slow.step(start=True, effect=True)
+def book(ctx, state):
+    r = ctx.http.post(f"{state['api']}/flights", json={"to": "Oslo"})
+    time.sleep(state.get("pause", 0))
+    return {"flight": r.json()["id"]}
+
+
+slow.edge("book", END)
+
+# -- fanout: three parallel calls to the service per run (for limits on in-flight calls) ------------
+fanout = Workflow("fanout", reducers={"ids": reducers.append})
+
+
+@fanout.step(start=True)
+def start(ctx, state):
+    return {}
+
+
+def _call(kind):
+    def call(ctx, state):
+        r = ctx.http.post(f"{state['api']}/{kind}", json={"n": state.get("n", 0)})
+        return {"ids": r.json()["id"]}
+
+    call.__name__ = kind
+    return call
+
+
+for _kind in ("flights", "hotels", "cars"):
+    fanout.step(name=_kind)(_call(_kind))
+    fanout.edge("start", _kind)
+    fanout.edge(_kind, END)
+
+# -- steps: ten trivial steps (the benchmark's unit of work) ---------------------------------------------
+ten = Workflow("ten")
+
+
+@ten.step(start=True)
+def s0(ctx, state):
+    return {"i": 1}
+
+
+for _i in range(1, 10):
+    def _step(ctx, state):
+        return {"i": state["i"] + 1}
+
+    _step.__name__ = f"s{_i}"
+    ten.step(name=f"s{_i}")(_step)
+    ten.edge(f"s{_i - 1}", f"s{_i}")
+ten.edge("s9", END)
+
+# -- poison: kills whatever process drives it --------------------------------------------------------------
+poison = Workflow("poison")
+
+
+@poison.step(start=True)
+def die(ctx, state):
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
+poison.edge("die", END)
+
+# -- lingering: a step that sleeps (a worker stopped meanwhile must finish or hand it back) -------------
+lingering = Workflow("lingering")
+
+
+@lingering.step(start=True)
+def first(ctx, state):
+    time.sleep(state.get("pause", 0))
+    return {"first": True}
+
+
+@lingering.step()
+def second(ctx, state):
+    time.sleep(state.get("pause", 0))
+    return {"second": True}
+
+
+lingering.edge("first", "second")
+lingering.edge("second", END)

@@ -1,0 +1,89 @@
+"""`agentsaga worker` as real processes on one machine (SQLite): sharing work, stopping on SIGTERM,
+and a run that kills every worker that touches it."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from orchestrator import Orchestrator
+from orchestrator._loader import load_target
+
+from .conftest import journal_problems, target, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_worker_processes_share_the_runs_and_stop_cleanly_on_sigterm(sqlite_url, workers):
+    lingering = load_target(target("lingering"))
+    with Orchestrator(sqlite_url, workflows=[lingering]) as orc:
+        ids = [orc.enqueue(lingering, {"pause": 0.02}) for _ in range(30)]
+        # When two worker processes run against the same SQLite file
+        procs = workers(sqlite_url)
+        a, _ = procs.start(target("lingering"), args=("--concurrency", "2", "--poll", "0.2"))
+        b, _ = procs.start(target("lingering"), args=("--concurrency", "2", "--poll", "0.2"))
+        wait_for(lambda: orc.store.count_by_status() == {"completed": 30}, timeout=60, what="30 runs")
+        # Then every run completed once, each journal written by one lease holder at a time
+        owners = set()
+        for run_id in ids:
+            history = orc.history(run_id)
+            assert journal_problems(history) == []
+            owners |= {e["data"]["owner"] for e in history if e["kind"] == "Resumed"}
+        assert len(owners) == 2, "both workers took part"
+    # And SIGTERM stops an idle worker at once, with exit code 0
+    for proc in (a, b):
+        proc.send_signal(signal.SIGTERM)
+    assert a.wait(timeout=15) == 0 and b.wait(timeout=15) == 0
+    assert procs.logs().count(" stopped: ") == 2
+
+
+def test_sigterm_hands_in_flight_runs_back_to_another_worker(sqlite_url, workers):
+    lingering = load_target(target("lingering"))
+    with Orchestrator(sqlite_url, workflows=[lingering]) as orc:
+        ids = [orc.enqueue(lingering, {"pause": 1.5}) for _ in range(2)]
+        procs = workers(sqlite_url)
+        a, log_a = procs.start(target("lingering"), args=("--concurrency", "2", "--drain", "0"))
+        wait_for(lambda: all(orc.get_run(r).lease_owner for r in ids), timeout=30, what="both runs claimed")
+        # When the worker is told to stop while both runs are inside their first step
+        a.send_signal(signal.SIGTERM)
+        assert a.wait(timeout=20) == 0
+        # Then it gave both back (leases released, nothing failed) instead of leaving them to expire
+        assert log_a.read_text().count("handed back") == 2
+        for run_id in ids:
+            rec = orc.get_run(run_id)
+            assert rec.lease_owner is None and rec.status not in ("failed", "dead")
+        # And another worker finishes them, without running a completed step again
+        procs.start(target("lingering"), args=("--concurrency", "2"))
+        wait_for(lambda: orc.store.count_by_status() == {"completed": 2}, timeout=30, what="both runs")
+        for run_id in ids:
+            history = orc.history(run_id)
+            assert journal_problems(history) == []
+            assert [e["data"]["step"] for e in history if e["kind"] == "StepCompleted"] == ["first", "second"]
+            assert orc.get_run(run_id).recoveries == 0  # handed back, not taken over
+
+
+def test_a_run_that_kills_its_workers_ends_dead_after_max_failures(sqlite_url, workers):
+    poison = load_target(target("poison"))
+    with Orchestrator(sqlite_url, workflows=[poison]) as orc:
+        run_id = orc.enqueue(poison, {})
+        procs = workers(sqlite_url)
+        args = ("--lease-ttl", "1", "--max-failures", "2", "--poll", "0.2")
+        # When every worker that drives it dies, and a supervisor keeps starting new ones
+        started = 0
+        deadline = time.monotonic() + 60
+        while orc.get_run(run_id).status != "dead":
+            assert time.monotonic() < deadline, procs.logs()
+            if not procs.procs or procs.procs[-1][0].poll() is not None:
+                assert started < 6, procs.logs()
+                procs.start(target("poison"), args=args, ready=False)
+                started += 1
+            time.sleep(0.1)
+        # Then three workers died (the first claim, then two recoveries allowed) and the fourth
+        # moved the run to dead instead of driving it
+        assert started == 4
+        assert [p.poll() for p, _ in procs.procs] == [-signal.SIGKILL] * 3 + [None]
+        rec = orc.get_run(run_id)
+        assert rec.error.startswith("dead after 3 failed recoveries (more than 2)")
+        assert "taken over 3 times" in rec.error
