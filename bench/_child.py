@@ -4,7 +4,7 @@ Prints one JSON object as its last stdout line. Operations (``spec["op"]``):
 - ``steps``: one run of ``n`` steps; ms per step (the run call only, not opening the database).
 - ``many``: ``count`` runs of ``n`` steps one after another; runs per second.
 - ``bytes``: database bytes before and after one run of ``n`` steps, on a database that already
-  holds one finished 1-step run (SQLite: file + WAL after a TRUNCATE checkpoint; Postgres: every
+  holds one finished 200-step run (SQLite: file + WAL after a TRUNCATE checkpoint; Postgres: every
   table of the run's schema with indexes and TOAST).
 - ``crash``: a run of ``n`` steps with a hook that SIGKILLs the process when step ``kill_at``
   begins; it never prints (the parent checks it died by SIGKILL).
@@ -70,10 +70,10 @@ def main() -> dict:
         out["ms_per_step"] = dt * 1000 / (count * n)
         out["final_ok"] = ok
     elif op == "bytes":
-        # One finished 1-step run first, so every table and index already has its first pages
-        # (as in any database in use): the growth is then what the N steps cost, not the
-        # first-page allocation of a dozen relations (8 KB each on Postgres).
-        system.run(run_id + "-warm", 1)
+        # A finished 200-step run first, so every table and index already has its first pages
+        # and Postgres has created each table's free-space map (a 24 KB fork, made once a heap
+        # passes 4 pages), as in any database in use: the growth is then what the N steps cost.
+        system.run(run_id + "-warm", 200)
         system.close()
         before = db_bytes(target)
         system.open()

@@ -344,7 +344,7 @@ def report(bench: Bench, res: dict) -> tuple[str, dict]:
         rows.append([s] + [fmt_num(by[label].get(s, {}).get(n), 0) if by[label].get(s, {}).get(n) is not None
                            else "-" for label in by for n in ns])
     lines += ["Database bytes per step: growth during one N-step run / N, on a database already holding a finished"
-              " 1-step run (SQLite: file+WAL after checkpoint; Postgres: tables+indexes+TOAST)",
+              " 200-step run (SQLite: file+WAL after checkpoint; Postgres: tables+indexes+TOAST)",
               table(headers, rows), ""]
 
     targets = check_targets(res)

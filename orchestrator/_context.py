@@ -26,8 +26,9 @@ class StepContext:
     - ``ctx.failure``: when this step was reached through a failure route, the error that led here
     - ``ctx.idempotency_key``: for an effect (and a compensation), a key stable across retries and
       recoveries: send it to the outside world so a re-sent call is recognised (None otherwise)
-    - ``ctx.http`` / ``ctx.ahttp``: HTTP tool calls (sync / async, httpx underneath), journaled with
-      the step, redacted, guarded by circuit breakers, sending the idempotency key for effects
+    - ``ctx.http`` / ``ctx.ahttp``: HTTP tool calls (sync / async, httpx underneath), each response
+      journaled as it arrives (never sent twice by a re-run step, replayable), redacted, guarded by
+      circuit breakers, sending the idempotency key for effects
     - ``ctx.durable_call(kind, request, perform)`` / ``await ctx.adurable_call(...)``: a call journaled
       the moment it returns and never performed twice for the same request (model calls)
     - ``ctx.wait_for(name, timeout=None)``: the data of a signal, parking the run until it arrives
@@ -84,12 +85,22 @@ class StepContext:
     @property
     def http(self) -> Any:
         """Synchronous HTTP tool calls (an ``HttpTool``): ``ctx.http.post(url, json=...)``."""
-        return self._step_tools("ctx.http").http
+        from orchestrator._durable_http import DurableHttp
+
+        tools = self._step_tools("ctx.http")
+        if tools.durable_http is None:
+            tools.durable_http = DurableHttp(tools.http, self)
+        return tools.durable_http
 
     @property
     def ahttp(self) -> Any:
         """Async HTTP tool calls (an ``AsyncHttpTool``): ``await ctx.ahttp.post(url, json=...)``."""
-        return self._step_tools("ctx.ahttp").ahttp
+        from orchestrator._durable_http import AsyncDurableHttp
+
+        tools = self._step_tools("ctx.ahttp")
+        if tools.durable_ahttp is None:
+            tools.durable_ahttp = AsyncDurableHttp(tools.ahttp, self)
+        return tools.durable_ahttp
 
     def _step_tools(self, what: str) -> Any:
         if self.tools is None:

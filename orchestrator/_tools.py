@@ -69,6 +69,8 @@ class StepTools:
         self.transitions: list[dict[str, Any]] = []
         self._made = 0
         self._http: HttpTool | None = None
+        self.durable_http: Any = None  # what ctx.http hands out (see orchestrator/_durable_http.py)
+        self.durable_ahttp: Any = None
         self._ahttp: AsyncHttpTool | None = None
 
     def _next_key(self) -> str | None:

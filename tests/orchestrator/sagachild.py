@@ -3,7 +3,8 @@
     python tests/orchestrator/sagachild.py DB_URL RUN_ID API_URL CARD CRASH
 
 CRASH:
-    intent:STEP      after STEP's request reached the service, before its result is journaled
+    sent:STEP        after STEP's request reached the service, before its response is journaled
+    intent:STEP      after STEP's response was journaled, before the step's completion is
     result:STEP      right after the transaction holding STEP's completion committed
     undone:STEP      right after the compensation of STEP's effect committed
     undoing:STEP     after the compensation's request reached the service, before it is journaled
@@ -38,6 +39,8 @@ def main(argv: list[str]) -> int:
                 effect_steps[event.seq] = data["step"]
                 if crash == f"intent:{data['step']}":
                     os.kill(os.getpid(), signal.SIGKILL)
+            if event.kind == "CallCompleted" and crash == f"sent:{data['step']}":
+                os.kill(os.getpid(), signal.SIGKILL)
             if event.kind == "CompensationCompleted" and crash == f"undoing:{data['step']}":
                 os.kill(os.getpid(), signal.SIGKILL)
         real_append(run, events, **kw)

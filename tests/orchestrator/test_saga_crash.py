@@ -49,7 +49,8 @@ def run_child(db_url: str, run_id: str, api: str, crash: str) -> subprocess.Comp
 
 
 @pytest.mark.parametrize("crash", [
-    "intent:book_hotel",   # (a) between the effect's intent and its journaled result
+    "sent:book_hotel",     # (a) the request reached the service, its response not yet journaled
+    "intent:book_hotel",   # (a') the response journaled, the step's completion not yet
     "result:book_hotel",   # (b) right after the result committed
     "undone:book_car",     # (c) in the middle of compensation, after one committed
     "undoing:book_hotel",  # (c') inside a compensation whose request reached the service
@@ -75,6 +76,10 @@ def test_sigkill_around_effects_neither_duplicates_nor_loses_a_booking(db_url, s
     # And every compensation completed once in the journal
     done = Counter(e["data"]["step"] for e in history if e["kind"] == "CompensationCompleted")
     assert done == Counter({"book_flight": 1, "book_hotel": 1, "book_car": 1})
-    # And a re-sent booking carried the same key (the service replayed it instead of booking again)
+    hotel = [e["action"] for e in log if e.get("kind") == "hotel"]
+    if crash == "sent:book_hotel":
+        # A re-sent booking carried the same key: the service replayed it instead of booking again
+        assert hotel[:2] == ["book", "replay"]
     if crash == "intent:book_hotel":
-        assert [e["action"] for e in log if e.get("kind") == "hotel"][:2] == ["book", "replay"]
+        # The journaled response was reused: the request was not sent again at all
+        assert hotel[:2] == ["book", "cancel"]

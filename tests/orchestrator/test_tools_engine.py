@@ -132,3 +132,39 @@ def test_the_report_and_summary_show_breaker_transitions(db_url, tmp_path):
         orc.report("br", tmp_path / "r.html")
     assert any(b["kind"] == "BreakerTransition" and "maps: closed -> open" in b["message"] for b in summary.breakers)
     assert "maps: closed -&gt; open" in (tmp_path / "r.html").read_text()
+
+
+def test_http_responses_replay_from_a_cassette_with_no_server(db_url, tmp_path):
+    from orchestrator import Cassette
+
+    def build(city: str) -> Workflow:
+        wf = Workflow("replay-http")
+
+        @wf.step(start=True)
+        def look(ctx, state):
+            r = ctx.http.post(f"{state['api']}/hotels", json={"city": city})
+            return {"hotel": r.json()["id"], "status": r.status_code}
+
+        wf.edge("look", END)
+        return wf
+
+    # Given a run recorded against the live service, which then goes away
+    with BookingService() as svc:
+        api = svc.url
+        rome = build("Rome")
+        with Orchestrator(db_url, workflows=[rome]) as orc:
+            recorded = orc.run(rome, {"api": api}, run_id="rec")
+            cassette = Cassette.from_run(orc, "rec")
+    cassette.save(tmp_path / "c.json")
+    # When the same workflow runs again with the cassette (nothing listens on that port now)
+    rome = build("Rome")
+    with Orchestrator(f"sqlite:///{tmp_path}/replay.db", workflows=[rome],
+                      replay=Cassette.load(tmp_path / "c.json")) as orc:
+        replayed = orc.run(rome, {"api": api}, run_id="rep")
+    # Then it gets the recorded responses
+    assert replayed.status == "completed" and replayed.state == recorded.state
+    # And a different request is a clear error showing the difference
+    oslo = build("Oslo")
+    with Orchestrator(f"sqlite:///{tmp_path}/replay2.db", workflows=[oslo], replay=cassette) as orc:
+        bad = orc.run(oslo, {"api": api}, run_id="rep2")
+    assert bad.status == "failed" and "Oslo" in bad.error and "Rome" in bad.error

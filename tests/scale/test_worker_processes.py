@@ -49,8 +49,11 @@ def test_sigterm_hands_in_flight_runs_back_to_another_worker(sqlite_url, workers
         # When the worker is told to stop while both runs are inside their first step
         a.send_signal(signal.SIGTERM)
         assert a.wait(timeout=20) == 0
-        # Then it gave both back (leases released, nothing failed) instead of leaving them to expire
-        assert log_a.read_text().count("handed back") == 2
+        # Then it gave its runs back (leases released, nothing failed) instead of leaving them to
+        # expire; a run whose step was already returning when SIGTERM came may finish instead
+        text = log_a.read_text()
+        assert text.count("handed back") >= 1
+        assert text.count("handed back") + text.count("'completed': 1") + 2 * text.count("'completed': 2") >= 2
         for run_id in ids:
             rec = orc.get_run(run_id)
             assert rec.lease_owner is None and rec.status not in ("failed", "dead")
