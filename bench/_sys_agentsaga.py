@@ -28,11 +28,15 @@ wf.route("inc", lambda s: "inc" if s["n"] < s["target"] else END)
 
 
 def effect_workflow() -> tuple[Workflow | None, str | None]:
-    """The same counter with ``effect=True`` (durable intent before each step), if supported."""
+    """The same counter with ``effect=True`` and a compensation registered (durable intent before
+    each step, the result after it), if supported."""
     try:
         ewf = Workflow("bench_count_effect", version="1", max_visits=MAX_VISITS)
 
-        @ewf.step(start=True, effect=True)
+        def undo(ctx, effect):  # registered, never called: the run does not fail
+            return None
+
+        @ewf.step(start=True, effect=True, compensate=undo)
         def inc_effect(ctx, state):
             return _hooks.step_body(state["n"])
 

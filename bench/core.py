@@ -238,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         "resume_re_executed": max(r["re_executed"] for r in resumes.values() if r) if any(resumes.values()) else None,
         "sqlite_effect_ms_per_step": med(effect),
     }
+    # An effect step pays two commits (the intent, then the result): its ratio to the same floor.
+    floor_sqlite = out.get("sqlite_floor_ms")
+    out["sqlite_effect_ratio"] = (out["sqlite_effect_ms_per_step"] / floor_sqlite
+                                  if out["sqlite_effect_ms_per_step"] and floor_sqlite else None)
     if core.pg_reason:
         out["pg_reason"] = core.pg_reason
     if effect is None:
@@ -259,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         ["  pg_ratio (per-rep pairs)", fmt_summary(steps.get("ratio_pg"), 2), "x", f"<= {TARGETS['pg_ratio']}"],
         ["  vs 1-INSERT floor", fmt_summary(steps.get("ratio_pg_1stmt"), 2), "x", ""],
         ["agentsaga sqlite, effect step", fmt_summary(effect), "ms", ""],
+        ["  sqlite_effect_ratio (2 commits)",
+         f"{out['sqlite_effect_ratio']:.2f}" if out.get("sqlite_effect_ratio") else "n/a", "x", ""],
         ["bytes_per_step (sqlite)", fmt_num(out["bytes_per_step"], 0), "B", f"<= {TARGETS['bytes_per_step']}"],
     ]
     for point, label in zip(plan["resume_points"], ("1k", "10k")):
