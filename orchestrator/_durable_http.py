@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from orchestrator._http import AsyncHttpTool, HttpTool
+from orchestrator._http import AsyncHttpTool, HttpTool, HttpVerbs
 
 __all__ = ["DurableHttp", "AsyncDurableHttp", "MAX_BODY"]
 
@@ -62,7 +62,7 @@ def _response(method: str, record: dict[str, Any]) -> httpx.Response:
                           request=httpx.Request(method.upper(), record.get("url") or "http://replayed.invalid/"))
 
 
-class DurableHttp:
+class DurableHttp(HttpVerbs):
     """The sync ``ctx.http``: httpx-like methods over an ``HttpTool``, each request a durable call."""
 
     def __init__(self, tool: HttpTool, ctx: Any) -> None:
@@ -82,23 +82,8 @@ class DurableHttp:
             return big.response
         return _response(method, record)
 
-    def get(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("GET", url, **kwargs)
 
-    def post(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("POST", url, **kwargs)
-
-    def put(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("PUT", url, **kwargs)
-
-    def patch(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("PATCH", url, **kwargs)
-
-    def delete(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("DELETE", url, **kwargs)
-
-
-class AsyncDurableHttp:
+class AsyncDurableHttp(HttpVerbs):
     """The async ``ctx.ahttp``: the same over an ``AsyncHttpTool``."""
 
     def __init__(self, tool: AsyncHttpTool, ctx: Any) -> None:
@@ -117,18 +102,3 @@ class AsyncDurableHttp:
         except _TooBig as big:
             return big.response
         return _response(method, record)
-
-    async def get(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("GET", url, **kwargs)
-
-    async def post(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("POST", url, **kwargs)
-
-    async def put(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("PUT", url, **kwargs)
-
-    async def patch(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("PATCH", url, **kwargs)
-
-    async def delete(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("DELETE", url, **kwargs)

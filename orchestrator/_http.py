@@ -53,7 +53,7 @@ import httpx
 from orchestrator._redact import Redactor
 from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError, ToolError
 
-__all__ = ["HttpTool", "AsyncHttpTool", "parse_retry_after"]
+__all__ = ["HttpTool", "AsyncHttpTool", "HttpVerbs", "parse_retry_after"]
 
 BreakerHooks = tuple[Callable[[str], Any], Callable[[str, bool], Any]]
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -88,6 +88,28 @@ def _raw(headers: httpx.Headers) -> list[tuple[str, str]]:
 
 def _breaker_name(url: httpx.URL) -> str:
     return f"{url.host}:{url.port}" if url.port else url.host
+
+
+class HttpVerbs:
+    """``get``/``post``/``put``/``patch``/``delete`` over ``self.request``, as in httpx. For an async
+    tool they return ``request``'s awaitable, so ``await tool.get(url)`` works the same."""
+
+    request: Any
+
+    def get(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("POST", url, **kwargs)
+
+    def put(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("PUT", url, **kwargs)
+
+    def patch(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("PATCH", url, **kwargs)
+
+    def delete(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("DELETE", url, **kwargs)
 
 
 class _Base:
@@ -245,7 +267,7 @@ class _Base:
         return record
 
 
-class HttpTool(_Base):
+class HttpTool(HttpVerbs, _Base):
     """Synchronous HTTP tool calls; methods mirror httpx and return the ``httpx.Response``."""
 
     def __init__(self, *, client: httpx.Client | None = None, **options: Any) -> None:
@@ -287,21 +309,6 @@ class HttpTool(_Base):
         if self._journal is not None:
             self._journal(record)
 
-    def get(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("GET", url, **kwargs)
-
-    def post(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("POST", url, **kwargs)
-
-    def put(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("PUT", url, **kwargs)
-
-    def patch(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("PATCH", url, **kwargs)
-
-    def delete(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return self.request("DELETE", url, **kwargs)
-
     def close(self) -> None:
         """Close the client if this tool created it (a client passed in belongs to the caller)."""
         if self._owns_client:
@@ -318,7 +325,7 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-class AsyncHttpTool(_Base):
+class AsyncHttpTool(HttpVerbs, _Base):
     """Asynchronous twin of ``HttpTool``; breaker hooks and ``journal`` may be sync or async."""
 
     def __init__(self, *, client: httpx.AsyncClient | None = None, **options: Any) -> None:
@@ -359,21 +366,6 @@ class AsyncHttpTool(_Base):
     async def _emit(self, record: dict[str, Any]) -> None:
         if self._journal is not None:
             await _maybe_await(self._journal(record))
-
-    async def get(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("GET", url, **kwargs)
-
-    async def post(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("POST", url, **kwargs)
-
-    async def put(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("PUT", url, **kwargs)
-
-    async def patch(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("PATCH", url, **kwargs)
-
-    async def delete(self, url: Any, **kwargs: Any) -> httpx.Response:
-        return await self.request("DELETE", url, **kwargs)
 
     async def aclose(self) -> None:
         if self._owns_client:
