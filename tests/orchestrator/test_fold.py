@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import orchestrator._durable  # noqa: F401  (registers the durable-call, wait and timer events with fold)
 from orchestrator import EventKind as K
 from orchestrator import RunState, apply, decode_json, fold
 from orchestrator._codec import canonical_dumps
@@ -114,6 +115,19 @@ def histories(draw):
         order = draw(st.permutations(frontier))
         nxt: list[str] = []
         for step in order:
+            # Things journaled inside a step before it completes: durable calls, waits, signals,
+            # timers, a takeover by another process.
+            for index in range(draw(st.integers(0, 2))):
+                events.append(("CallCompleted", {"step": step, "tick": 0, "index": index, "kind": "llm",
+                                                  "request": {"p": index}, "response": draw(values)}))
+            if draw(st.booleans()):
+                events.append(("WaitStarted", {"step": step, "tick": 0, "name": "ok", "timeout_at": None}))
+                events.append((K.RESUMED, {"owner": "w2", "lease": 2, "snapshot_seq": 0, "replayed": 0}))
+                events.append(("SignalReceived", {"step": step, "tick": 0, "name": "ok", "data": draw(values),
+                                                   "signal": 1, "sent_at": 0.0}))
+            if draw(st.booleans()):
+                events.append(("TimerStarted", {"step": step, "tick": 0, "index": 0, "wake_at": 5.0}))
+                events.append((K.RESUMED, {"owner": "w3", "lease": 3, "snapshot_seq": 0, "replayed": 0}))
             for _ in range(draw(st.integers(0, 2))):
                 events.append((K.STEP_FAILED, {"step": step, "attempt": 1, "final": False,
                                                "error": {"type": "E", "message": "x"}}))
