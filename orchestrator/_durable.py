@@ -40,6 +40,7 @@ __all__ = ["DurableKind", "StepRuntime", "Suspend", "FOREVER"]
 
 #: wake_at of a run waiting with no timeout: only a signal wakes it
 FOREVER = 1e18
+_NOT_DONE = object()  # no journaled response for this call yet
 
 
 class DurableKind:
@@ -103,11 +104,12 @@ class StepRuntime:
 
     # durable calls
     def _prepare(self, kind: str, request: Mapping[str, Any]) -> tuple[int, Any, Any]:
+        """Number the call and find its journaled response: (index, journaled request, response or
+        ``_NOT_DONE``). A journaled ``null`` response is a response like any other."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"durable_call kind must be a non-empty string, got {kind!r}")
         index = self._calls
         self._calls += 1
-        # Compare what the journal would hold: redacted and through the codec.
         # force=True: the event's redaction may run whatever this request holds (a response can
         # trip the pre-filter), and redaction normalises JSON text: compare like with like.
         text = self.engine.redact(codec.dumps(dict(request), what=f"request of {kind} call {index} in step "
@@ -116,7 +118,10 @@ class StepRuntime:
         prior = self.live.rs.calls.get(self.step, {}).get(str(index))
         if prior is not None and prior["kind"] == kind and prior["request"] == journaled_request:
             return index, journaled_request, prior["response"]
-        return index, journaled_request, None
+        if self.engine.replay is not None:  # answered from the cassette, journaled as replayed
+            response = self.engine.replay.lookup(self.step, self.visit, index, kind, journaled_request)
+            return index, journaled_request, self._record(kind, index, journaled_request, response, 0.0, True)
+        return index, journaled_request, _NOT_DONE
 
     def _record(self, kind: str, index: int, request: Any, response: Any, ms: float, replayed: bool) -> Any:
         data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": index, "kind": kind,
@@ -127,33 +132,25 @@ class StepRuntime:
         return self.live.rs.calls[self.step][str(index)]["response"]
 
     def durable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Any]) -> Any:
-        index, journaled, done = self._prepare(kind, request)
-        if done is not None:
-            return done
-        cassette = self.engine.replay
+        index, journaled, response = self._prepare(kind, request)
+        if response is not _NOT_DONE:
+            return response
         started = time.perf_counter()
-        if cassette is not None:
-            response, replayed = cassette.lookup(self.step, self.visit, index, kind, journaled), True
-        else:
-            response, replayed = perform(), False
-            if inspect.isawaitable(response):
-                raise TypeError(f"durable_call in step {self.step!r} got a coroutine; use await ctx.adurable_call")
-        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000, replayed)
+        response = perform()
+        if inspect.isawaitable(response):
+            raise TypeError(f"durable_call in step {self.step!r} got a coroutine; use await ctx.adurable_call")
+        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000, False)
 
     async def adurable_call(self, kind: str, request: Mapping[str, Any],
                             perform: Callable[[], Awaitable[Any]]) -> Any:
-        index, journaled, done = self._prepare(kind, request)
-        if done is not None:
-            return done
-        cassette = self.engine.replay
+        index, journaled, response = self._prepare(kind, request)
+        if response is not _NOT_DONE:
+            return response
         started = time.perf_counter()
-        if cassette is not None:
-            response, replayed = cassette.lookup(self.step, self.visit, index, kind, journaled), True
-        else:
-            response, replayed = perform(), False
-            if inspect.isawaitable(response):
-                response = await response
-        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000, replayed)
+        response = perform()
+        if inspect.isawaitable(response):
+            response = await response
+        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000, False)
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:

@@ -230,3 +230,26 @@ def test_permanent_tool_errors_are_not_retried(db_url):
     with Orchestrator(db_url, workflows=[wf]) as orc:
         result = orc.run(wf, {}, run_id="pe")
     assert result.status == "failed" and len(tries) == 1 and "401" in result.error
+
+
+def test_a_call_whose_response_was_null_is_not_performed_again(db_url):
+    # Given a step whose durable call returned None, then the process died
+    performed: list = []
+    dying = [True]
+    wf = Workflow("null-call")
+
+    @wf.step(start=True)
+    def notify(ctx, state):
+        ctx.durable_call("email", {"to": "ana"}, lambda: performed.append(1))  # returns None
+        if dying.pop() if dying else False:
+            raise Stop
+        return {"sent": True}
+
+    wf.edge("notify", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        with pytest.raises(Stop):
+            orc.run(wf, {}, run_id="n1")
+        # When the run resumes
+        result = orc.resume("n1")
+    # Then the email was sent once: a null response is still a journaled response
+    assert result.status == "completed" and len(performed) == 1
