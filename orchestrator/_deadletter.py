@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator._engine import error_info
+from orchestrator._journal import error_info
 from orchestrator.errors import ConfigurationError
 from store import RunRecord, Store
 

@@ -16,15 +16,11 @@ the common path short.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
-import json
-import re
 import threading
 import logging
 import random
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +33,16 @@ from orchestrator._context import StepContext
 from orchestrator._durable import StepRuntime, Suspend
 from orchestrator._events import TERMINAL_STATUSES
 from orchestrator._events import EventKind as K
-from orchestrator._fold import RunState, apply, fold
+from orchestrator._fold import RunState, apply
 from orchestrator._breakers import StoreBreakers
+from orchestrator._journal import (
+    SNAPSHOT_SCHEMA,
+    JournalRedactor,
+    error_info,
+    make_snapshot,
+    restore_run,
+    snapshot_problem,
+)
 from orchestrator._leases import Heartbeat
 from orchestrator._redact import Redactor
 from orchestrator._tools import StepTools, Tools
@@ -52,21 +56,18 @@ from orchestrator.errors import (
     RetryableToolError,
     StepTimeoutError,
 )
-from store import FencedError, NewEvent, NewSnapshot, SnapshotRecord, Store, StoreError
+from store import FencedError, NewEvent, Store, StoreError
 from workflows import Retry, Workflow
 from workflows.errors import RoutingError
 
-__all__ = ["Engine", "Live", "EngineConfig", "SNAPSHOT_SCHEMA"]
+__all__ = ["Engine", "Live", "EngineConfig", "SNAPSHOT_SCHEMA", "error_info", "snapshot_problem"]
 
 _log = logging.getLogger("agentsaga.engine")
 
 #: Layout version of a snapshot's JSON; a snapshot of another version is skipped, never trusted.
-SNAPSHOT_SCHEMA = 1
-_TRACEBACK_LIMIT = 8000
 #: Errors a retry cannot fix, whatever the step's policy says: the tool answered "no", the effect is
 #: in doubt, or the output cannot be journaled.
 _NEVER_RETRY = (PermanentToolError, InDoubtError, EncodingError)
-_SECRET_HINT = re.compile(r"password|passwd|secret|token|api_?key|authori[sz]ation|bearer|cookie|sk-")
 
 
 @dataclass(slots=True)
@@ -131,26 +132,6 @@ class _PolicyWait(wait_base):
         return delay
 
 
-def error_info(exc: BaseException, *, with_traceback: bool = True) -> dict[str, Any]:
-    kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
-    info: dict[str, Any] = {"type": name, "message": str(exc)}
-    if with_traceback and exc.__traceback__ is not None:
-        text = "".join(traceback.format_exception(exc))
-        info["traceback"] = text if len(text) <= _TRACEBACK_LIMIT else "...\n" + text[-_TRACEBACK_LIMIT:]
-    return info
-
-
-def snapshot_problem(snap: SnapshotRecord) -> str | None:
-    """Why a snapshot cannot be trusted, or None when it verifies (invariant 2)."""
-    if snap.schema_version != SNAPSHOT_SCHEMA:
-        return f"snapshot layout version {snap.schema_version} is not {SNAPSHOT_SCHEMA}"
-    digest = hashlib.sha256(snap.state.encode()).hexdigest()
-    if digest != snap.sha256:
-        return f"sha256 mismatch (stored {snap.sha256[:12]}..., computed {digest[:12]}...)"
-    return None
-
-
 class Engine:
     def __init__(self, store: Store, config: EngineConfig, *, registry: Compensations | None = None,
                  tools: Tools | None = None) -> None:
@@ -159,11 +140,7 @@ class Engine:
         self.registry = registry
         self.tools = tools or Tools(breakers=StoreBreakers(store, config.clock), registry=None, redactor=Redactor(),
                                     clock=config.clock)
-        # A cheap pre-filter (under a microsecond for a small event): only texts that could hold a
-        # secret pay for a full redaction. Configured patterns, if any, are searched as given.
-        defaults = {p.pattern for p in Redactor()._each}
-        custom = [p for p in self.tools.redactor._each if p.pattern not in defaults]
-        self._custom_secrets = re.compile("|".join(f"(?:{p.pattern})" for p in custom)) if custom else None
+        self._redactor = JournalRedactor(self.tools.redactor)
         self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock)
         self.saga = Saga(self, registry)
         #: called as on_event(run_id, events) after each commit (the CLI's progress lines); None: off
@@ -233,53 +210,14 @@ class Engine:
             self.on_event(live.run_id, events)
 
     def redact(self, text: str, *, force: bool = False) -> str:
-        """Invariant 9: secrets never reach the journal (sensitive fields, configured patterns).
+        """Invariant 9: nothing secret reaches the journal (see ``_journal.JournalRedactor``)."""
+        return self._redactor.redact(text, force=force)
 
-        Redaction is idempotent; ``force`` skips the pre-filter (for comparing with a journal text
-        that went through it)."""
-        if not force and _SECRET_HINT.search(text.lower()) is None and (
-                self._custom_secrets is None or self._custom_secrets.search(text) is None):
-            return text
-        redactor = self.tools.redactor
-        # Plain json, not the codec: tagged values stay tagged and only strings are touched.
-        cleaned = json.dumps(redactor.json(json.loads(text)), ensure_ascii=False, separators=(",", ":"))
-        return redactor.text(cleaned)
-
-    @staticmethod
-    def make_snapshot(rs: RunState, trigger: str, now: float) -> NewSnapshot:
-        text = codec.canonical_dumps(rs.to_json(), what="snapshot")
-        return NewSnapshot(
-            seq=rs.seq,
-            state=text,
-            sha256=hashlib.sha256(text.encode()).hexdigest(),
-            trigger=trigger,
-            created_at=now,
-            schema_version=SNAPSHOT_SCHEMA,
-        )
+    make_snapshot = staticmethod(make_snapshot)
 
     def restore(self, run_id: str, wf: Workflow) -> tuple[RunState, int, list[tuple[int, str]]]:
-        """Newest snapshot that verifies + the events after it. Returns (state, snapshot seq, rejected)."""
-        rejected: list[tuple[int, str]] = []
-        rs: RunState | None = None
-        snap_seq = 0
-        for snap in self.store.snapshots(run_id):
-            problem = snapshot_problem(snap)
-            if problem is None:
-                try:
-                    candidate = RunState.from_json(codec.loads(snap.state))
-                except (ValueError, TypeError, KeyError) as exc:
-                    problem = f"cannot decode: {exc}"
-                else:
-                    if candidate.seq != snap.seq:
-                        problem = f"snapshot says seq {candidate.seq}, stored at seq {snap.seq}"
-                    else:
-                        rs, snap_seq = candidate, snap.seq
-                        break
-            _log.warning("run %s: snapshot at seq %d skipped: %s", run_id, snap.seq, problem)
-            rejected.append((snap.seq, problem))
-        events = self.store.events(run_id, after_seq=rs.seq if rs else 0)
-        rs = fold(((e.seq, e.kind, codec.loads(e.data)) for e in events), wf.reduce, start=rs)
-        return rs, snap_seq, rejected
+        """Newest snapshot that verifies + the events after it: (state, snapshot seq, rejected)."""
+        return restore_run(self.store, run_id, wf.reduce)
 
     # -- driving ---------------------------------------------------------------------------------
     async def drive(self, live: Live) -> RunState:

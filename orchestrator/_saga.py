@@ -198,7 +198,7 @@ class Saga:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                from orchestrator._engine import error_info
+                from orchestrator._journal import error_info
 
                 retry = policy.should_retry(exc, attempt)
                 delay = policy.backoff(attempt, engine.cfg.rng.random()) if retry else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import _codec as codec
-from orchestrator._engine import snapshot_problem
+from orchestrator._journal import snapshot_problem
 from orchestrator._events import TERMINAL_STATUSES
 from orchestrator._events import EventKind as K
 from orchestrator._fold import RunState, apply

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from workflows._policies import END, END_NAME, NO_RETRY, Retry, _End
+from workflows._policies import END_NAME, NO_RETRY, Retry, _End
 from workflows._reducers import MISSING, Reducer, check_reducer, reducers_of_model, replace
 from workflows._step import Step, is_async_callable
 from workflows.errors import DefinitionError, RoutingError
