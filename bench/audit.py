@@ -41,9 +41,9 @@ from _report import ROOT, fmt_num, machine, table
 sys.path.insert(0, ROOT)
 
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator import _codec as codec  # noqa: E402
-from orchestrator._cli_audit import _show_lines  # noqa: E402
-from orchestrator._fold import fold  # noqa: E402
+from orchestrator.payload import codec  # noqa: E402
+from orchestrator.cli.audit import _show_lines  # noqa: E402
+from orchestrator.engine.fold import fold  # noqa: E402
 from workflows import END, Workflow, reducers  # noqa: E402
 
 FULL = {"runs": 100_000, "report_steps": 1000, "reps": 15}

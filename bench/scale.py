@@ -126,7 +126,7 @@ def throughput(base: str, schemas: PgSchemas, k: int, cfg: dict, log_dir: str) -
     import psycopg
 
     from orchestrator import Orchestrator
-    from orchestrator._loader import load_target
+    from orchestrator.engine.loader import load_target
 
     schema = schemas.new(f"scale{k}")
     url = with_search_path(base, schema)
@@ -165,7 +165,7 @@ def throughput(base: str, schemas: PgSchemas, k: int, cfg: dict, log_dir: str) -
 
 def claim_latency(base: str, schemas: PgSchemas, cfg: dict, log_dir: str) -> dict:
     from orchestrator import Orchestrator
-    from orchestrator._loader import load_target
+    from orchestrator.engine.loader import load_target
 
     schema = schemas.new("latency")
     url = with_search_path(base, schema)
@@ -195,7 +195,7 @@ def claim_latency(base: str, schemas: PgSchemas, cfg: dict, log_dir: str) -> dic
 
 def recovery(base: str, schemas: PgSchemas, cfg: dict, log_dir: str) -> dict:
     from orchestrator import Orchestrator
-    from orchestrator._loader import load_target
+    from orchestrator.engine.loader import load_target
 
     schema = schemas.new("recovery")
     url = with_search_path(base, schema)

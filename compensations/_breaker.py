@@ -6,7 +6,7 @@
 
 ``decide(config, state, now)`` is asked before a call, ``record(config, state, now, ok)`` after it.
 Both are pure functions of their arguments: no clock, no lock, no I/O. The orchestrator keeps the
-state in the store and applies them inside a compare-and-set loop (``orchestrator/_breakers.py``),
+state in the store and applies them inside a compare-and-set loop (``orchestrator/tools/breakers.py``),
 so every worker process sees one breaker, and tests drive time by passing ``now``.
 
 Why not pybreaker. The issue asks to use it "with a store-backed storage if it fits". It does not:

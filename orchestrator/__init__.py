@@ -5,17 +5,17 @@ from typing import Any
 # The agent API (model client, prompts, tool loop, cassettes, the scripted chat server) is imported
 # on first use: a process that only resumes runs should not pay for jinja2 and the LLM client.
 _LAZY = {
-    "LLM": "orchestrator._llm", "AsyncLLM": "orchestrator._llm", "ChatResult": "orchestrator._llm",
-    "ToolCall": "orchestrator._llm",
-    "Prompt": "orchestrator._prompts", "Prompts": "orchestrator._prompts",
-    "RenderedPrompt": "orchestrator._prompts", "PromptError": "orchestrator._prompts",
-    "ToolRegistry": "orchestrator._agent_tools", "ToolContext": "orchestrator._agent_tools",
-    "LoopResult": "orchestrator._agent_tools", "run_tool_loop": "orchestrator._agent_tools",
-    "arun_tool_loop": "orchestrator._agent_tools", "ToolLoopLimitError": "orchestrator._agent_tools",
-    "Cassette": "orchestrator._cassette", "ChatServer": "orchestrator._chatserver",
-    "Worker": "orchestrator._worker", "Limits": "orchestrator._limits", "QueueLimit": "orchestrator._limits",
-    "Stats": "orchestrator._stats", "collect_stats": "orchestrator._stats",
-    "enable_tracing": "orchestrator._otel", "Tracing": "orchestrator._otel",
+    "LLM": "orchestrator.agents.llm", "AsyncLLM": "orchestrator.agents.llm", "ChatResult": "orchestrator.agents.llm",
+    "ToolCall": "orchestrator.agents.llm",
+    "Prompt": "orchestrator.agents.prompts", "Prompts": "orchestrator.agents.prompts",
+    "RenderedPrompt": "orchestrator.agents.prompts", "PromptError": "orchestrator.agents.prompts",
+    "ToolRegistry": "orchestrator.agents.tool_loop", "ToolContext": "orchestrator.agents.tool_loop",
+    "LoopResult": "orchestrator.agents.tool_loop", "run_tool_loop": "orchestrator.agents.tool_loop",
+    "arun_tool_loop": "orchestrator.agents.tool_loop", "ToolLoopLimitError": "orchestrator.agents.tool_loop",
+    "Cassette": "orchestrator.agents.cassette", "ChatServer": "orchestrator.testing.chatserver",
+    "Worker": "orchestrator.scale.worker", "Limits": "orchestrator.scale.limits", "QueueLimit": "orchestrator.scale.limits",
+    "Stats": "orchestrator.audit.stats", "collect_stats": "orchestrator.audit.stats",
+    "enable_tracing": "orchestrator.contrib.otel", "Tracing": "orchestrator.contrib.otel",
 }
 
 
@@ -30,16 +30,16 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-from orchestrator._gc import GcReport
-from orchestrator._summary import RunSummary
-from orchestrator._verify import VerifyProblem, VerifyReport
-from orchestrator._codec import dumps as encode_json
-from orchestrator._codec import loads as decode_json
-from orchestrator._context import StepContext
-from orchestrator._events import ACTIVE_STATUSES, TERMINAL_STATUSES, EventKind
-from orchestrator._fold import RunState, apply, fold
+from orchestrator.audit.gc import GcReport
+from orchestrator.audit.summary import RunSummary
+from orchestrator.audit.verify import VerifyProblem, VerifyReport
+from orchestrator.payload.codec import dumps as encode_json
+from orchestrator.payload.codec import loads as decode_json
+from orchestrator.engine.context import StepContext
+from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES, EventKind
+from orchestrator.engine.fold import RunState, apply, fold
 from orchestrator._orchestrator import Orchestrator
-from orchestrator._result import RunResult
+from orchestrator.engine.result import RunResult
 from orchestrator.errors import (
     ConfigurationError,
     EncodingError,

@@ -13,22 +13,22 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-from orchestrator import _codec as codec
-from orchestrator._audit import AuditMixin
-from orchestrator._queues import QueueMixin
-from orchestrator._engine import Engine, EngineConfig, Live
-from orchestrator._events import ACTIVE_STATUSES, TERMINAL_STATUSES
-from orchestrator._events import EventKind as K
-from orchestrator._fold import RunState, fold
-from orchestrator._graphdiff import graph_differences
-from orchestrator._loader import load_target, target_of
-from orchestrator._result import RunResult
+from orchestrator.payload import codec
+from orchestrator.audit.audit import AuditMixin
+from orchestrator.scale.queues import QueueMixin
+from orchestrator.engine.driver import Engine, EngineConfig, Live
+from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
+from orchestrator.engine.events import EventKind as K
+from orchestrator.engine.fold import RunState, fold
+from orchestrator.engine.graph_changes import graph_differences
+from orchestrator.engine.loader import load_target, target_of
+from orchestrator.engine.result import RunResult
 from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError, WorkflowNotFoundError
 from compensations import BreakerConfig, BreakerRegistry, Compensations, default_breakers
-from orchestrator._breakers import StoreBreakers
-from orchestrator._redact import Redactor
-from orchestrator._tools import Tools
-from orchestrator._saga import SagaKind, has_pending_effects
+from orchestrator.tools.breakers import StoreBreakers
+from orchestrator.payload.redact import Redactor
+from orchestrator.tools.toolbox import Tools
+from orchestrator.engine.saga import SagaKind, has_pending_effects
 from store import ConflictError, DuplicateRunError, NewEvent, RunRecord, Store, open_store
 from workflows import Workflow
 
@@ -506,7 +506,7 @@ def _checkpoint_seq(run_id: str, events: list[tuple[int, str, Any]], to: int | s
         for seq, kind, data in events:
             if rs.tick == tick and not rs.done and rs.seq:
                 return rs.seq
-            from orchestrator._fold import apply
+            from orchestrator.engine.fold import apply
 
             apply(rs, seq, kind, data)
         raise RunStateError(f"cannot locate the start of step {to!r}'s tick in run {run_id!r}")

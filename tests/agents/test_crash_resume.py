@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_helpers import calls  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator._loader import load_target  # noqa: E402
+from orchestrator.engine.loader import load_target  # noqa: E402
 
 CHILD = Path(__file__).parent / "llmchild.py"
 pytestmark = pytest.mark.slow

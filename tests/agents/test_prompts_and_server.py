@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from orchestrator._chatserver import ChatServer, Reply, tool_call
-from orchestrator._prompts import Prompt, Prompts, PromptError, RenderedPrompt
+from orchestrator.testing.chatserver import ChatServer, Reply, tool_call
+from orchestrator.agents.prompts import Prompt, Prompts, PromptError, RenderedPrompt
 
 
 def test_prompts_from_a_directory_include_each_other_and_name_what_is_missing(tmp_path):

@@ -14,11 +14,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_helpers import API_KEY, calls  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator._agent_tools import ToolRegistry, run_tool_loop  # noqa: E402
-from orchestrator._cassette import Cassette  # noqa: E402
-from orchestrator._chatserver import reply, tool_call  # noqa: E402
-from orchestrator._llm import LLM  # noqa: E402
-from orchestrator._prompts import Prompt  # noqa: E402
+from orchestrator.agents.tool_loop import ToolRegistry, run_tool_loop  # noqa: E402
+from orchestrator.agents.cassette import Cassette  # noqa: E402
+from orchestrator.testing.chatserver import reply, tool_call  # noqa: E402
+from orchestrator.agents.llm import LLM  # noqa: E402
+from orchestrator.agents.prompts import Prompt  # noqa: E402
 from orchestrator.errors import ReplayError  # noqa: E402
 from workflows import END, Workflow, reducers  # noqa: E402
 

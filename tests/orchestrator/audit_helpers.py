@@ -24,7 +24,7 @@ CRASHFLOW = "tests/orchestrator/crashflow.py:wf"
 
 def load(target: str):
     """The workflow behind a CLI target, loaded as `agentsaga resume` would load it."""
-    from orchestrator._loader import load_target
+    from orchestrator.engine.loader import load_target
 
     where, _, attr = target.rpartition(":")
     return load_target(f"{ROOT / where}:{attr}")

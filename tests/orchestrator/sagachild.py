@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     url, run_id, api, card, crash = argv
     os.chdir(ROOT)
     from orchestrator import Orchestrator
-    from orchestrator._loader import load_target
+    from orchestrator.engine.loader import load_target
 
     trip = load_target("examples/travel_booking.py:trip")
     orc = Orchestrator(url, workflows=[trip])

@@ -67,7 +67,7 @@ def test_resume_by_id_after_sigkill_knows_the_workflow_from_the_run(db_url, ledg
 
 def test_recover_finds_never_driven_runs(db_url, ledger):
     from orchestrator import Orchestrator
-    from orchestrator._loader import load_target
+    from orchestrator.engine.loader import load_target
 
     wf = load_target(str(ROOT / FLOW))
     with Orchestrator(db_url, workflows=[wf]) as orc:

@@ -7,10 +7,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import orchestrator._durable  # noqa: F401  (registers the durable-call, wait and timer events with fold)
+import orchestrator.engine.durable  # noqa: F401  (registers the durable-call, wait and timer events with fold)
 from orchestrator import EventKind as K
 from orchestrator import RunState, apply, decode_json, fold
-from orchestrator._codec import canonical_dumps
+from orchestrator.payload.codec import canonical_dumps
 from workflows import Workflow, reducers
 
 STEPS = ["a", "b", "c", "d"]

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from compensations import BreakerConfig
-from orchestrator._breakers import StoreBreakers
-from orchestrator._http import AsyncHttpTool, HttpTool, parse_retry_after
-from orchestrator._redact import Redactor
+from orchestrator.tools.breakers import StoreBreakers
+from orchestrator.tools.http import AsyncHttpTool, HttpTool, parse_retry_after
+from orchestrator.payload.redact import Redactor
 from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError
 from store import open_store
 

@@ -21,8 +21,8 @@ from audit_helpers import AUDITFLOW, load  # noqa: E402
 from auditflow import HOSTILE  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator._report import render_report  # noqa: E402
-from orchestrator._summary import summarise  # noqa: E402
+from orchestrator.audit.report import render_report  # noqa: E402
+from orchestrator.audit.summary import summarise  # noqa: E402
 from store import RunRecord  # noqa: E402
 
 

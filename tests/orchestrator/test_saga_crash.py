@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator._loader import load_target
+from orchestrator.engine.loader import load_target
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHILD = ROOT / "tests/orchestrator/sagachild.py"

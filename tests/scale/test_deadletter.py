@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from orchestrator import Orchestrator, RunStateError
-from orchestrator._events import ACTIVE_STATUSES
-from orchestrator._worker import Worker
+from orchestrator.engine.events import ACTIVE_STATUSES
+from orchestrator.scale.worker import Worker
 from orchestrator.cli import main
 from store import NewEvent
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator._loader import load_target
+from orchestrator.engine.loader import load_target
 
 from .conftest import journal_problems, target, wait_for
 

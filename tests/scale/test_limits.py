@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import ConfigurationError, Orchestrator
-from orchestrator._events import ACTIVE_STATUSES
-from orchestrator._limits import Limits, QueueLimit, parse_count, parse_rate
-from orchestrator._loader import load_target
-from orchestrator._worker import Worker
+from orchestrator.engine.events import ACTIVE_STATUSES
+from orchestrator.scale.limits import Limits, QueueLimit, parse_count, parse_rate
+from orchestrator.engine.loader import load_target
+from orchestrator.scale.worker import Worker
 from orchestrator.cli import main
 from store import NewEvent
 

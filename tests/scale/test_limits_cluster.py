@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator._loader import load_target
+from orchestrator.engine.loader import load_target
 
 from .conftest import target, wait_for
 

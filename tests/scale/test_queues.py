@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from orchestrator import ConfigurationError, Orchestrator, RunStateError, WorkflowNotFoundError
-from orchestrator._loader import load_target
-from orchestrator._worker import Worker
+from orchestrator.engine.loader import load_target
+from orchestrator.scale.worker import Worker
 from workflows import END, Workflow
 
 from .conftest import journal_problems, target, wait_for

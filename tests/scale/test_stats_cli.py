@@ -8,10 +8,10 @@ import json
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator._events import ACTIVE_STATUSES
-from orchestrator._loader import load_target
-from orchestrator._stats import percentile
-from orchestrator._worker import Worker
+from orchestrator.engine.events import ACTIVE_STATUSES
+from orchestrator.engine.loader import load_target
+from orchestrator.audit.stats import percentile
+from orchestrator.scale.worker import Worker
 from orchestrator.cli import main
 
 from .conftest import target, wait_for
@@ -71,7 +71,7 @@ def test_spans_per_run_and_step(sqlite_url, thread_worker):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from orchestrator._otel import enable_tracing
+    from orchestrator.contrib.otel import enable_tracing
     from workflows import END, Workflow
 
     exporter = InMemorySpanExporter()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator._loader import load_target
+from orchestrator.engine.loader import load_target
 
 from .conftest import journal_problems, target, wait_for
 

@@ -1,0 +1,415 @@
+"""An OpenAI-compatible chat client whose calls are durable: ``LLM`` (sync steps), ``AsyncLLM`` (async).
+
+    llm = LLM(model="gpt-4o-mini")   # base URL, model, key: OPENAI_BASE_URL, OPENAI_MODEL, OPENAI_API_KEY
+    result = llm.chat(ctx, [{"role": "user", "content": prompt.render(q=q)}], tools=tools, temperature=0)
+    result.content, result.tool_calls, result.usage, result.finish_reason
+
+``chat`` goes through ``ctx.durable_call("llm", request, perform)``: the request and the response
+are journaled as a ``CallCompleted`` event the moment the model answers, so a step that runs again
+(a retry, a crash recovery, a wake-up after a wait) gets the journaled answer back without a
+second request: a model call is paid for once. Under replay the response comes from the cassette.
+
+What is journaled:
+
+* request: ``{"model", "messages", "tools"?, "params", "prompts"?}``; ``messages`` as rendered, and
+  for every message whose content came from a ``Prompt``, ``prompts`` says which template (name and
+  source hash). The base URL and the API key are not part of it: the key never reaches the journal,
+  and a cassette recorded against one endpoint replays against any.
+* response: ``{"body", "finish_reason", "usage", "ms", "retries", "failures"?, "size", "truncated",
+  "provider"}``: ``body`` is the provider's JSON; when it is bigger than ``max_response_bytes`` its
+  longest strings are cut, each ending in ``…[truncated: N chars]``, ``truncated`` is true and
+  ``size`` is the full size in bytes. The step sees what the journal holds, on the first run as on
+  a resumed one, so behaviour does not depend on whether the answer was replayed.
+
+Retries happen inside the call (tenacity, the sleep injectable): connect errors, timeouts, 429 and
+5xx, up to ``max_attempts``, waiting exactly ``Retry-After`` when the server sends one and
+exponential backoff with jitter otherwise. A ``Retry-After`` longer than ``max_retry_after`` is not
+waited out in-process: the error is raised (retryable, carrying ``retry_after``) for the step's own
+``Retry`` policy, which honours it. 401/403 fail at once with a message about the API key; other
+4xx fail at once. The HTTP layer and its error mapping are ``orchestrator.tools.http.HttpTool``'s.
+
+Circuit breaker: one per provider, named ``llm:<host[:port]>`` unless ``breaker=`` names one or
+passes a ``BreakerConfig`` (``breaker=False``: none). Its state is the engine's store-backed
+breaker state (shared by all workers); its settings come from the Orchestrator's breaker registry
+(``declare_breaker("llm:api.openai.com", ...)``) or the defaults. Every attempt counts, so a dead
+provider opens the breaker and later calls fail fast with ``CircuitOpenError`` without a request.
+Transitions are journaled on the step's event, like ``ctx.http``'s. Outside an Orchestrator
+(``llm.complete(request)``) pass ``breakers=StoreBreakers(...)`` to get one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
+
+from compensations import BreakerConfig
+from orchestrator.payload.truncate import bound_json
+from orchestrator.tools.breakers import StoreBreakers
+from orchestrator.tools.http import AsyncHttpTool, HttpTool
+from orchestrator.agents.prompts import RenderedPrompt
+from orchestrator.payload.redact import Redactor
+from orchestrator.errors import ConfigurationError, PermanentToolError, RetryableToolError
+
+__all__ = ["LLM", "AsyncLLM", "ChatResult", "ToolCall", "DEFAULT_BASE_URL"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+_RESERVED = frozenset({"model", "messages", "tools", "stream"})  # not settable through **params
+_SNIPPET = 300
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the model asked for; ``arguments`` is the model's raw JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def parse(self) -> dict[str, Any]:
+        """The arguments as a JSON object; ``ValueError`` saying what is wrong otherwise."""
+        try:
+            value = json.loads(self.arguments or "{}")
+        except ValueError as exc:
+            raise ValueError(f"arguments are not valid JSON ({exc.msg} at position {exc.pos})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """A chat completion as journaled (``response``), with accessors for the first choice."""
+
+    response: dict[str, Any]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.response.get("body") or {}
+
+    @property
+    def _choice(self) -> dict[str, Any]:
+        choices = self.body.get("choices") or [{}]
+        return choices[0] if isinstance(choices[0], dict) else {}
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The assistant message, ready to append to the conversation."""
+        raw = self._choice.get("message") or {}
+        msg: dict[str, Any] = {"role": "assistant", "content": raw.get("content")}
+        if raw.get("tool_calls"):
+            msg["tool_calls"] = raw["tool_calls"]
+        return msg
+
+    @property
+    def content(self) -> str | None:
+        return self.message["content"]
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        calls = []
+        for i, tc in enumerate(self.message.get("tool_calls") or []):
+            if not isinstance(tc, dict):
+                tc = {}
+            fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+            args = fn.get("arguments")
+            if not isinstance(args, str):  # some servers send an object; the protocol says a string
+                args = "" if args is None else json.dumps(args)
+            calls.append(ToolCall(id=str(tc.get("id") or f"call_{i}"), name=str(fn.get("name") or ""), arguments=args))
+        return calls
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.response.get("finish_reason")
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        return self.response.get("usage") or {}
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.response.get("truncated"))
+
+
+class _Base:
+    kind = "llm"
+
+    def __init__(self, *, base_url: str | None = None, model: str | None = None, api_key: str | None = None,
+                 timeout: float = 60.0, max_attempts: int = 4, backoff: float = 0.5, max_backoff: float = 20.0,
+                 max_retry_after: float = 60.0, max_response_bytes: int = 256 * 1024,
+                 breaker: BreakerConfig | str | bool | None = None, breakers: StoreBreakers | None = None,
+                 headers: Mapping[str, str] | None = None, rng: random.Random | None = None) -> None:
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"LLM max_attempts must be an integer >= 1, got {max_attempts!r}")
+        if not isinstance(max_response_bytes, int) or max_response_bytes < 256:
+            raise ConfigurationError(f"LLM max_response_bytes must be an integer >= 256, got {max_response_bytes!r}")
+        if breaker is not None and not isinstance(breaker, (BreakerConfig, str, bool)):
+            raise ConfigurationError(f"LLM breaker must be a name, a BreakerConfig or False, got {breaker!r}")
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.model = model or os.environ.get("OPENAI_MODEL") or None
+        self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY") or None
+        url = httpx.URL(self.base_url + "/chat/completions")
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ConfigurationError(f"LLM base_url must be an http(s) URL, got {self.base_url!r}")
+        self.endpoint = str(url)
+        self.provider = f"{url.host}:{url.port}" if url.port else url.host
+        self.timeout = httpx.Timeout(timeout, connect=min(10.0, timeout))
+        self.max_attempts = max_attempts
+        self.backoff, self.max_backoff, self.max_retry_after = backoff, max_backoff, max_retry_after
+        self.max_response_bytes = max_response_bytes
+        self._breaker = breaker
+        self._breakers = breakers
+        self._headers = dict(headers or {})
+        self._rng = rng or random.Random()
+
+    def __repr__(self) -> str:  # never the key
+        return f"<{type(self).__name__} {self.model!r} at {self.base_url}>"
+
+    # -- the journaled request ------------------------------------------------------------------
+    def request(self, messages: str | Sequence[Any], *, tools: Any = None, **params: Any) -> dict[str, Any]:
+        """The request as journaled (and compared on resume and replay): no URL, no key."""
+        if self.model is None:
+            raise ConfigurationError("LLM has no model: pass LLM(model=...) or set OPENAI_MODEL")
+        bad = sorted(_RESERVED & params.keys())
+        if bad:
+            raise TypeError(f"llm.chat: {', '.join(bad)} cannot be passed as parameters"
+                            + (" (streaming is not supported)" if "stream" in bad else ""))
+        rendered, prompts = _messages(messages)
+        request: dict[str, Any] = {"model": self.model, "messages": rendered}
+        schemas = tools.schemas() if hasattr(tools, "schemas") else tools
+        if schemas:
+            request["tools"] = list(schemas)
+        request["params"] = dict(params)
+        if prompts:
+            request["prompts"] = prompts
+        return request
+
+    def _body(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        body = {"model": request["model"], "messages": request["messages"], **request.get("params", {})}
+        if request.get("tools"):
+            body["tools"] = request["tools"]
+        return body
+
+    def _http_headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", **self._headers}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    # -- breaker, retries, errors -----------------------------------------------------------------
+    def _breaker_name(self) -> str | None:
+        if self._breaker is False:
+            return None
+        if isinstance(self._breaker, BreakerConfig):
+            return self._breaker.name
+        return self._breaker if isinstance(self._breaker, str) else f"llm:{self.provider}"
+
+    def _tool_options(self, ctx: Any) -> dict[str, Any]:
+        """HttpTool options: the breaker hooks (the engine's store-backed breakers) and redactor."""
+        step_tools = None
+        if ctx is not None and hasattr(ctx, "_step_tools"):
+            try:
+                step_tools = ctx._step_tools("llm")
+            except RuntimeError:
+                step_tools = None  # a context outside an Orchestrator: no engine breakers
+        name = self._breaker_name()
+        options: dict[str, Any] = {"redactor": step_tools.tools.redactor if step_tools else Redactor(),
+                                   "breaker_name": name or "llm"}
+        breakers = self._breakers or (step_tools.tools.breakers if step_tools else None)
+        if name is not None and breakers is not None:
+            if isinstance(self._breaker, BreakerConfig):
+                config_for: Any = lambda _name: self._breaker  # noqa: E731
+            elif step_tools is not None:
+                config_for = step_tools.tools.registry.config_for
+            else:
+                config_for = lambda n: BreakerConfig(name=n)  # noqa: E731
+            options["breaker"] = breakers.hooks(config_for, step_tools.transitions.append if step_tools else None)
+        return options
+
+    def _wait(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, RetryableToolError) and error.retry_after is not None:
+            return error.retry_after  # the server said when; no sooner, and no need to wait longer
+        base = min(self.max_backoff, self.backoff * 2 ** (state.attempt_number - 1))
+        return base * (0.5 + self._rng.random() / 2)
+
+    def _stop(self, state: RetryCallState) -> bool:
+        error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, RetryableToolError) and (error.retry_after or 0) > self.max_retry_after:
+            return True  # too long to hold the step here: the step's Retry policy can wait it out
+        return state.attempt_number >= self.max_attempts
+
+    def _explain(self, error: Exception, attempts: int) -> Exception:
+        if isinstance(error, PermanentToolError) and error.status in (401, 403):
+            return PermanentToolError(
+                f"LLM provider {self.provider} refused the request ({error.status}): check OPENAI_API_KEY or "
+                f"LLM(api_key=...); not retried. {error}", tool=error.tool, status=error.status)
+        if isinstance(error, RetryableToolError):
+            return RetryableToolError(f"LLM call to {self.provider} failed after {attempts} attempt(s): {error}",
+                                      tool=error.tool, status=error.status, retry_after=error.retry_after)
+        return error
+
+    def _shape(self, response: httpx.Response, failures: list[dict[str, Any]], ms: float) -> dict[str, Any]:
+        """The journaled response; refuses a 2xx that is not a chat completion."""
+        content = response.content
+        try:
+            body = json.loads(content)
+        except ValueError:
+            body = None
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)
+                and isinstance(choices[0].get("message"), dict)):
+            snippet = content[:_SNIPPET].decode("utf-8", errors="replace")
+            raise PermanentToolError(f"LLM provider {self.provider} answered {response.status_code} with something "
+                                     f"that is not a chat completion: {snippet!r}", tool=self._breaker_name())
+        bounded, truncated = bound_json(body, self.max_response_bytes)
+        shaped: dict[str, Any] = {
+            "body": bounded, "finish_reason": choices[0].get("finish_reason"), "usage": body.get("usage"),
+            "ms": round(ms, 2), "retries": len(failures), "size": len(content), "truncated": truncated,
+            "provider": self.provider,
+        }
+        if failures:
+            shaped["failures"] = failures
+        return shaped
+
+    @staticmethod
+    def _failure(error: BaseException, started: float) -> dict[str, Any]:
+        entry: dict[str, Any] = {"error": type(error).__name__, "message": str(error)[:_SNIPPET],
+                                 "ms": round((time.perf_counter() - started) * 1000, 2)}
+        if isinstance(error, RetryableToolError):
+            entry["status"] = error.status
+            if error.retry_after is not None:
+                entry["retry_after"] = error.retry_after
+        return entry
+
+    def _retrying(self, cls: type, sleep: Any, failures: list[dict[str, Any]]) -> Any:
+        def record(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            if error is not None and failures:
+                failures[-1]["waited"] = round(state.upcoming_sleep, 3)
+
+        return cls(sleep=sleep, stop=self._stop, wait=self._wait, reraise=True,
+                   retry=retry_if_exception_type(RetryableToolError), before_sleep=record)
+
+
+class LLM(_Base):
+    """The synchronous client, for sync steps. ``sleep`` is used between retries (inject it in tests)."""
+
+    def __init__(self, *, sleep: Callable[[float], Any] = time.sleep, client: httpx.Client | None = None,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        self._sleep = sleep
+        self._client = client
+        self._owns_client = client is None
+        self._lock = threading.Lock()  # parallel branches may make the first call at once
+
+    @property
+    def client(self) -> httpx.Client:
+        """One pooled client for every call (made on first use: importing a workflow stays cheap)."""
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(timeout=self.timeout)
+            return self._client
+
+    def close(self) -> None:
+        if self._owns_client and self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def chat(self, ctx: Any, messages: str | Sequence[Any], *, tools: Any = None, **params: Any) -> ChatResult:
+        """One durable chat completion (see the module docstring)."""
+        request = self.request(messages, tools=tools, **params)
+        return ChatResult(ctx.durable_call(self.kind, request, lambda: self.complete(request, ctx=ctx)))
+
+    def complete(self, request: Mapping[str, Any], *, ctx: Any = None) -> dict[str, Any]:
+        """Perform ``request`` now (with retries and the breaker), not journaled: what ``chat`` journals."""
+        tool = HttpTool(client=self.client, **self._tool_options(ctx))
+        body, headers, failures = self._body(request), self._http_headers(), []
+        attempts = 0
+
+        def attempt() -> dict[str, Any]:
+            nonlocal attempts
+            attempts += 1
+            started = time.perf_counter()
+            try:
+                response = tool.post(self.endpoint, json=body, headers=headers)
+            except RetryableToolError as exc:
+                failures.append(self._failure(exc, started))
+                raise
+            return self._shape(response, failures, (time.perf_counter() - started) * 1000)
+
+        try:
+            return self._retrying(Retrying, self._sleep, failures)(attempt)
+        except (RetryableToolError, PermanentToolError) as exc:
+            raise self._explain(exc, attempts) from None
+
+
+class AsyncLLM(_Base):
+    """The asynchronous client, for async steps (``await llm.chat(ctx, ...)``)."""
+
+    def __init__(self, *, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep, **options: Any) -> None:
+        super().__init__(**options)
+        self._sleep = sleep
+
+    async def chat(self, ctx: Any, messages: str | Sequence[Any], *, tools: Any = None, **params: Any) -> ChatResult:
+        request = self.request(messages, tools=tools, **params)
+        return ChatResult(await ctx.adurable_call(self.kind, request, lambda: self.acomplete(request, ctx=ctx)))
+
+    async def acomplete(self, request: Mapping[str, Any], *, ctx: Any = None) -> dict[str, Any]:
+        # A client per call: an httpx.AsyncClient is bound to its event loop, and each orc.run()
+        # has a loop of its own. A model call costs far more than opening a connection.
+        options = self._tool_options(ctx)
+        if "breaker" in options:  # the store-backed breaker does blocking I/O: keep it off the loop
+            before, after = options["breaker"]
+            options["breaker"] = (lambda name: asyncio.to_thread(before, name),
+                                  lambda name, ok: asyncio.to_thread(after, name, ok))
+        async with httpx.AsyncClient(timeout=self.timeout) as client:
+            tool = AsyncHttpTool(client=client, **options)
+            body, headers, failures = self._body(request), self._http_headers(), []
+            attempts = 0
+
+            async def attempt() -> dict[str, Any]:
+                nonlocal attempts
+                attempts += 1
+                started = time.perf_counter()
+                try:
+                    response = await tool.post(self.endpoint, json=body, headers=headers)
+                except RetryableToolError as exc:
+                    failures.append(self._failure(exc, started))
+                    raise
+                return self._shape(response, failures, (time.perf_counter() - started) * 1000)
+
+            try:
+                return await self._retrying(AsyncRetrying, self._sleep, failures)(attempt)
+            except (RetryableToolError, PermanentToolError) as exc:
+                raise self._explain(exc, attempts) from None
+
+
+def _messages(messages: str | Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Messages as plain JSON, and which of them came from a prompt template."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not isinstance(messages, Sequence):
+        raise TypeError(f"llm.chat: messages must be a list of {{'role', 'content'}} dicts or a string, "
+                        f"got {type(messages).__name__}")
+    out: list[dict[str, Any]] = []
+    prompts: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if isinstance(message, str):  # a bare (rendered) prompt is a user message
+            message = {"role": "user", "content": message}
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise TypeError(f"llm.chat: message {i} must be a dict with a 'role', got {message!r:.200}")
+        content = message.get("content")
+        if isinstance(content, RenderedPrompt):
+            prompts.append({"message": i, **content.describe()})
+        out.append({k: (str(v) if isinstance(v, str) else v) for k, v in message.items()})
+    return out, prompts

@@ -1,0 +1,181 @@
+"""Reading runs for audit: listing, history, summaries, verification, forks, reports and retention.
+
+``AuditMixin`` is mixed into ``Orchestrator``; it uses only ``self.store``, ``self.engine`` (for the
+injected clock) and the Orchestrator's workflow lookup. It never drives a run: ``fork`` journals a
+new pending run that ``resume`` drives, and ``gc`` only deletes finished runs.
+
+The interpretation of a journal lives in small pure modules, so the CLI, the report and the tests
+share one reading: ``_summary`` (what a run did), ``_verify`` (does the journal agree with its
+snapshots), ``_fork`` (the state before a step), ``_gc`` (what retention may delete), ``_report``
+(the HTML page).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.payload import codec
+from orchestrator.engine.events import EventKind as K
+from orchestrator.audit.fork import fork_point
+from orchestrator.audit.gc import GC_STATUSES, GcReport, plan_deletions
+from orchestrator.engine.loader import target_of
+from orchestrator.audit.summary import RunSummary, decode_events, summarise
+from orchestrator.audit.verify import VerifyReport, verify_journal
+from orchestrator.errors import ConfigurationError, RunStateError
+from store import NewEvent, RunNotFoundError, RunRecord
+
+if TYPE_CHECKING:
+    import os
+
+    from orchestrator.engine.driver import Engine
+    from store import Store
+    from workflows import Workflow
+
+__all__ = ["AuditMixin"]
+
+
+class AuditMixin:
+    store: Store
+    engine: Engine
+
+    if TYPE_CHECKING:  # provided by Orchestrator
+        def _workflow_for(self, rec: RunRecord, *, required: bool = True) -> Workflow | None: ...
+
+    def get_run(self, run_id: str) -> RunRecord:
+        return self.store.get_run(run_id)
+
+    def list_runs(self, *, status: str | Sequence[str] | None = None, workflow: str | None = None,
+                  since: float | None = None, until: float | None = None, limit: int | None = 100,
+                  offset: int = 0) -> list[RunRecord]:
+        """Runs newest first; ``since <= created_at < until`` (epoch seconds); ``limit=None`` lists all."""
+        return self.store.list_runs(status=status, workflow=workflow, since=since, until=until, limit=limit,
+                                    offset=offset)
+
+    def history(self, run_id: str, *, after: int = 0, until: int | None = None) -> list[dict[str, Any]]:
+        """The run's events in order (``after < seq <= until``): ``{"seq", "kind", "at", "data"}``,
+        data decoded by the codec."""
+        self.store.get_run(run_id)
+        events = self.store.events(run_id, after_seq=after, until_seq=until)
+        return [{"seq": seq, "kind": kind, "at": at, "data": data} for seq, kind, at, data in decode_events(events)]
+
+    def summary(self, run_id: str, *, keep_states: bool = False) -> RunSummary:
+        """What the run did: status, timings, step executions, effects, snapshots, the failure."""
+        rec = self.store.get_run(run_id)
+        snapshots = self.store.snapshots(run_id)
+        events = decode_events(self.store.events(run_id))
+        wf = self._workflow_for(rec, required=False)
+        return summarise(rec, events, snapshots, reduce=wf.reduce if wf else None, keep_states=keep_states)
+
+    def verify(self, run_id: str) -> VerifyReport:
+        """Re-fold the journal and check every snapshot: its sha256, and that it equals the fold at
+        its seq. The report names the seq and what differs; ``report.ok`` is the verdict."""
+        self.store.get_run(run_id)
+        # Snapshots first: each is written with the event at its seq, so every snapshot read now is
+        # inside the journal read next, even while the run is being driven.
+        snapshots = self.store.snapshots(run_id)
+        events = self.store.events(run_id)
+        rec = self.store.get_run(run_id)
+        last = events[-1].seq if events else 0
+        status = rec.status if self.store.last_seq(run_id) == last else None  # moved on: not comparable
+        wf = self._workflow_for(rec, required=False)
+        return verify_journal(run_id, events, snapshots, reduce=wf.reduce if wf else None, run_status=status)
+
+    def fork(self, parent_id: str, /, *, from_step: str, run_id: str | None = None) -> str:
+        """Journal a new pending run whose first state is ``parent_id``'s state just before the
+        latest execution of ``from_step``, starting at that step; return its id.
+
+        The fork uses the workflow's current code (fix a step, then fork the failed run at it) and
+        is linked to its parent by ``parent_run_id`` and the ``parent`` field of its RunStarted.
+        Drive it with ``resume(new_id)``.
+        """
+        if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
+            raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")
+        rec = self.store.get_run(parent_id)
+        wf = self._workflow_for(rec)
+        assert wf is not None  # required=True raises instead
+        events = [(e.seq, e.kind, codec.loads(e.data)) for e in self.store.events(parent_id)]
+        point = fork_point(parent_id, events, from_step, wf.reduce)
+        if from_step not in wf.steps:
+            raise RunStateError(f"run {parent_id!r} ran step {from_step!r}, but workflow {wf.name!r} no longer has it; "
+                                f"its steps: {', '.join(sorted(wf.steps))}")
+        data = {
+            "workflow": wf.name, "version": wf.version, "fingerprint": wf.fingerprint, "graph": wf.describe(),
+            "target": target_of(wf) or rec.target or None, "input": wf.initial_state(point.state),
+            "start": [from_step], "parent": {"run_id": parent_id, "seq": point.seq, "step": from_step},
+        }
+        text = codec.dumps(data, what=f"fork of run {parent_id!r} at step {from_step!r}")
+        new_id = run_id or uuid.uuid4().hex
+        now = self.engine.cfg.clock()
+        self.store.create_run(
+            run_id=new_id, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
+            target=data["target"] or "", created_at=now, status="pending", parent_run_id=parent_id,
+            events=[NewEvent(seq=1, kind=K.RUN_STARTED, data=text, at=now)],
+        )
+        return new_id
+
+    def report_html(self, run_id: str) -> str:
+        """The run's self-contained HTML report as text."""
+        # Imported here: jinja2 costs every process that imports orchestrator ~20 ms otherwise,
+        # and only reports need it.
+        from orchestrator.audit.report import render_report
+
+        return render_report(self.summary(run_id, keep_states=True), generated_at=self.engine.cfg.clock())
+
+    def report(self, run_id: str, path: str | os.PathLike[str]) -> Path:
+        """Write the run's HTML report to ``path`` (atomically); raises ``OSError`` if it cannot."""
+        from orchestrator.audit.report import write_report
+
+        return write_report(path, self.report_html(run_id))
+
+    def gc(self, *, keep_snapshots: int | None = None, older_than: float | None = None,
+           dry_run: bool = False) -> GcReport:
+        """Retention for finished runs (see ``orchestrator.audit.gc``): keep the newest ``keep_snapshots``
+        snapshots of each, delete those that ended more than ``older_than`` seconds ago. Running,
+        pending, compensating and compensation_failed runs are never touched. ``dry_run`` only
+        reports what would be done."""
+        if keep_snapshots is None and older_than is None:
+            raise ConfigurationError("gc needs keep_snapshots and/or older_than; with neither it has nothing to do")
+        if keep_snapshots is not None and (isinstance(keep_snapshots, bool) or not isinstance(keep_snapshots, int)
+                                           or keep_snapshots < 0):
+            raise ConfigurationError(f"keep_snapshots must be an integer >= 0, got {keep_snapshots!r}")
+        if older_than is not None and (isinstance(older_than, bool) or not isinstance(older_than, (int, float))
+                                       or older_than < 0):
+            raise ConfigurationError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
+        store = self.store
+        untouched = {s: n for s, n in store.count_by_status().items() if s not in GC_STATUSES}
+        finished = store.list_runs(status=GC_STATUSES, limit=None)
+        doomed = plan_deletions(finished, cutoff=None if older_than is None else self.engine.cfg.clock() - older_than)
+        doomed_ids = {r.run_id for r in doomed}
+        pruned: list[dict[str, Any]] = []
+        if keep_snapshots is not None:
+            for rec in finished:
+                if rec.run_id in doomed_ids:
+                    continue
+                try:
+                    seqs = [s.seq for s in store.snapshots(rec.run_id)]  # newest first
+                except RunNotFoundError:  # deleted by someone else meanwhile
+                    continue
+                if len(seqs) <= keep_snapshots:
+                    continue
+                if not dry_run:
+                    store.prune_snapshots(rec.run_id, keep_snapshots)
+                pruned.append({"run_id": rec.run_id, "status": rec.status,
+                               "deleted": sorted(seqs[keep_snapshots:]), "kept": sorted(seqs[:keep_snapshots])})
+        deleted = [{"run_id": r.run_id, "workflow": r.workflow, "status": r.status,
+                    "finished_at": r.finished_at if r.finished_at is not None else r.updated_at} for r in doomed]
+        spared = 0
+        if deleted and not dry_run:
+            count = store.delete_runs([d["run_id"] for d in deleted], statuses=GC_STATUSES)
+            if count != len(deleted):  # some were resumed (or deleted) meanwhile: report only what went
+                gone = []
+                for entry in deleted:
+                    try:
+                        store.get_run(entry["run_id"])
+                    except RunNotFoundError:
+                        gone.append(entry)
+                spared, deleted = len(deleted) - len(gone), gone
+        return GcReport(dry_run=dry_run, keep_snapshots=keep_snapshots, older_than=older_than,
+                        deleted=tuple(deleted), pruned=tuple(pruned), untouched=untouched, spared=spared)

@@ -1,0 +1,139 @@
+"""Events in words: one headline per event and its details, for ``history`` and progress lines.
+
+Only wording lives here; what the events mean is ``_fold``'s and ``_summary``'s business. Kinds
+this module does not know (a newer journal) are described by their data, never dropped. The
+callers pass every string through ``_term.safe`` before it reaches a terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.payload import codec
+
+__all__ = ["headline", "details", "compact"]
+
+
+def compact(value: Any, width: int | None = 300) -> str:
+    """One-line JSON of ``value``, cut at ``width`` characters (None: never cut)."""
+    try:
+        text = codec.dumps(value)
+    except Exception:  # describing must never fail on the value it describes
+        text = repr(value)
+    if width is not None and len(text) > width:
+        return text[: width - 1] + "…"
+    return text
+
+
+def _error(error: Any) -> str:
+    if not isinstance(error, dict):
+        return str(error)
+    return f"{error.get('type')}: {error.get('message')}"
+
+
+def _ms(value: Any) -> str:
+    return f", {value:.1f} ms" if isinstance(value, (int, float)) else ""
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.3g}s" if isinstance(value, (int, float)) else f"{value}s"
+
+
+def headline(kind: str, data: dict[str, Any]) -> str:
+    """What happened, in one line."""
+    step = data.get("step")
+    where = f"{step} (tick {data.get('tick')}, attempt {data.get('attempt')}" if step is not None else ""
+    if kind == "RunStarted":
+        text = f"workflow {data.get('workflow')} v{data.get('version')}, starts at {', '.join(data.get('start') or [])}"
+        parent = data.get("parent")
+        if isinstance(parent, dict):
+            text += f"; forked from {parent.get('run_id')} at step {parent.get('step')} (seq {parent.get('seq')})"
+        return text
+    if kind == "StepStarted":
+        key = f", key {data['key']}" if data.get("key") else ""
+        return f"{where}{key})"
+    if kind == "StepCompleted":
+        nxt = ", ".join(data.get("next") or []) or ("join " + ", ".join(data["join"]) if data.get("join") else "END")
+        extra = f", reconciled by {data['reconciled']}" if data.get("reconciled") else ""
+        return f"{where}{_ms(data.get('ms'))}{extra}) -> {nxt}"
+    if kind == "StepFailed":
+        if data.get("final"):
+            then = f"gave up, routed to {data['route']}" if data.get("route") else "gave up"
+        else:
+            then = f"retry in {_seconds(data.get('retry_in'))}"
+        return f"{where}) failed; {then}"
+    if kind == "Resumed":
+        return (f"by {data.get('owner')} (lease {data.get('lease')}) from snapshot seq {data.get('snapshot_seq')}, "
+                f"{data.get('replayed')} events replayed")
+    if kind == "SnapshotRejected":
+        return f"snapshot at seq {data.get('seq')}: {data.get('reason')}"
+    if kind in ("RunCompleted",):
+        return ""
+    if kind == "RunFailed":
+        return f"step {step} failed"
+    if kind == "RunCancelled":
+        return f"{data.get('reason')} (by {data.get('by')})"
+    if kind == "SagaStarted":
+        return f"compensating ({data.get('reason')})" + (f" after step {step} failed" if step else "")
+    if kind in ("CompensationStarted", "CompensationCompleted"):
+        return f"effect at seq {data.get('effect')} of step {step}, attempt {data.get('attempt')}"
+    if kind == "CompensationFailed":
+        then = "gave up" if data.get("final") else f"retry in {_seconds(data.get('retry_in'))}"
+        return f"effect at seq {data.get('effect')} of step {step}, attempt {data.get('attempt')} failed; {then}"
+    if kind == "SagaCompleted":
+        return f"run {data.get('outcome')}"
+    if kind == "SagaFailed":
+        return f"compensating step {step} failed after {data.get('attempts')} attempts"
+    if kind == "RolledBack":
+        return f"to seq {data.get('to_seq')}" + (f", next {', '.join(data['next'])}" if data.get("next") else "")
+    if kind == "CallCompleted":
+        return f"{step} call {data.get('index')} ({data.get('kind')}{_ms(data.get('ms'))})"
+    if step is not None:
+        return f"{step}: " + compact({k: v for k, v in data.items() if k != "step"}, 200)
+    return compact(data, 200)
+
+
+_DETAIL_FIELDS: dict[str, tuple[str, ...]] = {
+    "RunStarted": ("input",),
+    "StepStarted": ("input",),
+    "StepCompleted": ("input", "update", "trace", "calls", "http"),
+    "StepFailed": ("error", "traceback"),
+    "CompensationCompleted": ("result", "trace"),
+    "CompensationFailed": ("error", "traceback"),
+    "SagaStarted": ("error",),
+    "SagaFailed": ("error",),
+    "RunFailed": ("error", "uncompensable"),
+    "RunCancelled": (),
+    "SagaCompleted": ("uncompensable", "in_doubt"),
+    "CallCompleted": ("request", "response"),
+}
+
+
+def details(kind: str, data: dict[str, Any], *, full: bool = False) -> list[tuple[str, str]]:
+    """``(label, text)`` lines under the headline: payloads (input, output, trace, calls...).
+    Tracebacks only with ``full``; every value is cut at 300 characters unless ``full``."""
+    width = None if full else 300
+    out: list[tuple[str, str]] = []
+    for name in _DETAIL_FIELDS.get(kind, ()):
+        if name == "traceback":
+            tb = (data.get("error") or {}).get("traceback") if isinstance(data.get("error"), dict) else None
+            if tb and full:
+                out.append(("traceback", tb.rstrip()))
+            continue
+        value = data.get(name)
+        if value is None or value == [] or value == {}:
+            continue
+        if name == "error":  # words, not JSON: the message is read, and safe() shows any escapes
+            text = _error(value)
+            out.append(("error", text if width is None or len(text) <= width else text[: width - 1] + "…"))
+            continue
+        if name == "trace" and isinstance(value, list):
+            for entry in value:
+                if isinstance(entry, dict) and "msg" in entry:
+                    more = f" {compact(entry['data'], width)}" if entry.get("data") is not None else ""
+                    out.append(("trace", f"{entry['msg']}{more}"))
+                else:
+                    out.append(("trace", compact(entry, width)))
+            continue
+        out.append((name, compact(value, width)))
+    return out

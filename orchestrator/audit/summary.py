@@ -1,0 +1,439 @@
+"""What a run did, read from its journal: the model behind ``agentsaga show`` and the HTML report.
+
+``summarise`` is pure: it takes the run row, the journal and the snapshot rows and never touches
+the store, so ``show``, the report and the tests all see one interpretation of the events. It
+walks the journal once, folding as it goes (the fold is what says which tick a step ran in and,
+for the report, what state a step's input refers to), and groups events into *executions*: one
+per time a step ran to an outcome, with its failed attempts, trace, calls and timings.
+
+Events of kinds this code does not know (written by a newer agentsaga, say) are kept in the
+timeline as they are; the fold stops at the first one and the summary says so, rather than
+refusing to show the run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.payload import codec
+from orchestrator.engine.journal import snapshot_problem
+from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
+from orchestrator.engine.events import EventKind as K
+from orchestrator.engine.fold import RunState, apply
+from orchestrator.engine.saga import SagaKind as S
+from store import RunRecord, SnapshotRecord
+
+__all__ = ["Execution", "RunSummary", "summarise", "decode_events"]
+
+Event = tuple[int, str, float, dict[str, Any]]  # (seq, kind, at, data)
+_STEP_KINDS = (K.STEP_STARTED, K.STEP_COMPLETED, K.STEP_FAILED)
+# A durable call made inside a step (orchestrator.engine.durable): an LLM or tool call with its request and
+# response. Named by its string so that reading old or new journals never depends on that module.
+_CALL_COMPLETED = "CallCompleted"
+
+
+@dataclass(slots=True)
+class Execution:
+    """One time a step ran: from its first event to its completion or final failure."""
+
+    index: int  #: 1-based position among the run's executions (the report's anchors use it)
+    step: str
+    tick: int
+    epoch: int  #: how many rollbacks preceded it
+    first_seq: int
+    seq: int  #: the event that ended it (or its latest event while it has not ended)
+    #: completed | failed | routed | in progress | waiting | in doubt | abandoned
+    outcome: str = "in progress"
+    attempts: int = 1
+    ms: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    input: Any = None  #: the journaled input: {"state_at": seq} or {"reads": {...}}
+    update: Any = None
+    next: list[str] = field(default_factory=list)
+    joins: list[str] = field(default_factory=list)  #: join targets this completion arrived at
+    route: str | None = None  #: the failure route taken, if any
+    trace: list[Any] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)  #: failed attempts, oldest first
+    calls: list[Any] = field(default_factory=list)  #: LLM / tool call records the step journaled
+    #: other events of this execution (waits, signals, timers...): {"seq", "at", "kind", "data"}
+    extra: list[dict[str, Any]] = field(default_factory=list)
+    effect: bool = False
+    key: str | None = None
+    compensable: bool | None = None
+    reconciled: str | None = None
+    error: dict[str, Any] | None = None  #: the error that ended it, when it failed
+
+
+@dataclass(slots=True)
+class RunSummary:
+    run_id: str
+    workflow: str
+    version: str
+    fingerprint: str
+    target: str
+    status: str
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    error: str | None
+    parent: dict[str, Any] | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+    events: int
+    first_at: float | None
+    last_at: float | None
+    graph: dict[str, Any]
+    start: list[str]
+    input: Any
+    state: Any  #: the folded state at the end of the journal (None if the fold stopped)
+    executions: list[Execution]
+    ticks: list[dict[str, Any]]  #: the path taken: {"tick", "epoch", "steps", "seq"} in order
+    edges_taken: list[tuple[str, str, int]]
+    effects: list[dict[str, Any]]
+    sagas: list[dict[str, Any]]
+    resumes: list[dict[str, Any]]
+    breakers: list[dict[str, Any]]
+    snapshots: list[dict[str, Any]]
+    others: list[dict[str, Any]]  #: events no section above accounts for (unknown kinds)
+    failure: dict[str, Any] | None
+    notes: list[str]
+    #: with ``keep_states``: the state a tick's steps saw, by the seq it was folded at (JSON text)
+    states: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float | None:
+        end = self.finished_at if self.finished_at is not None else self.last_at
+        return None if end is None else max(0.0, end - self.created_at)
+
+    @property
+    def step_ms(self) -> float:
+        return round(sum(x.ms or 0.0 for x in self.executions), 3)
+
+    @property
+    def retries(self) -> int:
+        return sum(len(x.failures) - (1 if x.outcome in ("failed", "routed") else 0) for x in self.executions)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("states")
+        out["edges_taken"] = [{"from": a, "to": b, "count": n} for a, b, n in self.edges_taken]
+        out.update(duration=self.duration, step_ms=self.step_ms, retries=self.retries)
+        return out
+
+
+def decode_events(records: Iterable[Any]) -> list[Event]:
+    """Store ``EventRecord`` rows as ``(seq, kind, at, data)`` with data decoded by the codec.
+
+    A damaged event is kept, not fatal: its data is read as plain JSON, or shown as the text it
+    is, so the run can still be shown (``verify`` is where the damage is reported)."""
+    out: list[Event] = []
+    for e in records:
+        try:
+            data = codec.loads(e.data)
+        except Exception:  # a bad tag (a Decimal that is not one...) or text that is not JSON
+            try:
+                data = json.loads(e.data)
+            except ValueError:
+                data = {"undecodable": e.data[:2000]}
+        out.append((e.seq, e.kind, e.at, data if isinstance(data, dict) else {"value": data}))
+    return out
+
+
+def summarise(
+    rec: RunRecord,
+    events: Sequence[Event],
+    snapshots: Sequence[SnapshotRecord],
+    *,
+    reduce: Callable[[dict[str, Any], Mapping[str, Any]], None] | None = None,
+    keep_states: bool = False,
+    state_chars: int = 20_000,
+) -> RunSummary:
+    """Read a run. ``reduce`` is the workflow's merge (without it, updates replace fields, and a
+    note says the folded state may differ); ``keep_states`` keeps each tick's input state as text
+    (clipped to ``state_chars``) for the report."""
+    b = _Builder(rec, reduce, keep_states, state_chars)
+    for seq, kind, at, data in events:
+        b.event(seq, kind, at, data)
+    return b.finish(snapshots)
+
+
+class _Builder:
+    def __init__(self, rec: RunRecord, reduce: Any, keep_states: bool, state_chars: int) -> None:
+        self.rec = rec
+        self.reduce = reduce
+        self.keep_states = keep_states
+        self.state_chars = state_chars
+        self.rs: RunState | None = RunState()
+        self.notes: list[str] = [] if reduce else [
+            f"workflow {rec.workflow!r} is not importable here: states are folded without its reducers "
+            "and may differ from what the run saw"]
+        self.executions: list[Execution] = []
+        self.open: dict[str, Execution] = {}
+        self.ticks: list[dict[str, Any]] = []
+        self.effects: dict[int, dict[str, Any]] = {}
+        self.sagas: list[dict[str, Any]] = []
+        self.resumes: list[dict[str, Any]] = []
+        self.breakers: list[dict[str, Any]] = []
+        self.rejected: list[dict[str, Any]] = []
+        self.others: list[dict[str, Any]] = []
+        self.edges: Counter[tuple[str, str]] = Counter()
+        self.started: dict[str, Any] = {}
+        self.states: dict[int, str] = {}
+        self.count = 0
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.run_failed: tuple[int, dict[str, Any]] | None = None
+        self.saga_failed: tuple[int, dict[str, Any]] | None = None
+        self.cancelled: tuple[int, dict[str, Any]] | None = None
+
+    # -- one event ---------------------------------------------------------------------------------
+    def event(self, seq: int, kind: str, at: float, data: dict[str, Any]) -> None:
+        self.count += 1
+        self.first_at = at if self.first_at is None else self.first_at
+        self.last_at = at
+        rs = self.rs
+        tick = rs.tick if rs is not None else -1
+        epoch = rs.epoch if rs is not None else 0
+        if kind in _STEP_KINDS:
+            self.step_event(seq, kind, at, data, tick, epoch)
+        elif kind == K.RUN_STARTED:
+            self.started = data
+        elif kind == K.RESUMED:
+            self.resumes.append({"seq": seq, "at": at, **data})
+        elif kind == K.SNAPSHOT_REJECTED:
+            self.rejected.append({"event_seq": seq, "at": at, **data})
+        elif kind == K.RUN_FAILED:
+            self.run_failed = (seq, data)
+        elif kind == K.RUN_CANCELLED:
+            self.cancelled = (seq, data)
+        elif kind.startswith(("Saga", "Compensation")) or kind == S.ROLLED_BACK:
+            self.saga_event(seq, kind, at, data)
+        elif kind == K.RUN_COMPLETED:
+            pass
+        elif "breaker" in kind.lower() or "circuit" in kind.lower():
+            self.breakers.append({"seq": seq, "at": at, "kind": kind, "step": data.get("step"),
+                                  "message": data.get("message") or _brief(data)})
+        elif isinstance(data.get("step"), str):  # journaled inside a step: calls, waits, timers, ...
+            x = self.execution(data["step"], seq, at, data, tick, epoch)
+            x.seq = seq
+            if kind == _CALL_COMPLETED:
+                x.calls.append(_call_record(seq, at, data))
+            else:
+                x.extra.append({"seq": seq, "at": at, "kind": kind, "data": data})
+        else:
+            self.others.append({"seq": seq, "at": at, "kind": kind, "data": data})
+        self.fold(seq, kind, data)
+
+    def fold(self, seq: int, kind: str, data: dict[str, Any]) -> None:
+        rs = self.rs
+        if rs is None:
+            return
+        before = (rs.tick, rs.epoch, rs.state_seq)
+        try:
+            if self.reduce is None:
+                apply(rs, seq, kind, data)
+            else:
+                apply(rs, seq, kind, data, self.reduce)
+        except Exception as exc:  # an unknown kind or a damaged event: show the run anyway
+            self.notes.append(f"the fold stopped at seq {seq} ({kind}): {exc}; `agentsaga verify` says more")
+            self.rs = None
+            return
+        if (rs.tick, rs.epoch, rs.state_seq) != before or kind == K.RUN_STARTED:
+            if rs.frontier and rs.status in ("running", "pending"):
+                self.ticks.append({"tick": rs.tick, "epoch": rs.epoch, "steps": list(rs.frontier), "seq": seq})
+            if self.keep_states:
+                self.states[rs.state_seq] = _clip_json(rs.state, self.state_chars)
+
+    def execution(self, step: str, seq: int, at: float, data: dict[str, Any], tick: int, epoch: int) -> Execution:
+        """The step's execution in progress, opened by this event if it is the first of one."""
+        x = self.open.get(step)
+        if x is None:
+            x = Execution(index=len(self.executions) + 1, step=step, tick=data.get("tick", tick), epoch=epoch,
+                          first_seq=seq, seq=seq, started_at=at)
+            self.executions.append(x)
+            self.open[step] = x
+        return x
+
+    def step_event(self, seq: int, kind: str, at: float, data: dict[str, Any], tick: int, epoch: int) -> None:
+        step = data.get("step", "?")
+        x = self.execution(step, seq, at, data, tick, epoch)
+        x.seq = seq
+        x.attempts = max(x.attempts, int(data.get("attempt") or 1))
+        if "input" in data:
+            x.input = data["input"]
+        if data.get("key"):
+            x.key = data["key"]
+        for t in data.get("breakers") or ():  # transitions this attempt caused (store-backed breakers)
+            if isinstance(t, dict):
+                self.breakers.append({"seq": seq, "at": at, "kind": "BreakerTransition", "step": step,
+                                      "message": f"{t.get('breaker')}: {t.get('from')} -> {t.get('to')}"
+                                                 + (f" ({t['reason']})" if t.get("reason") else "")})
+        if kind == K.STEP_STARTED:
+            x.effect = x.effect or bool(data.get("key"))
+            return
+        if kind == K.STEP_FAILED:
+            failure = {"seq": seq, "at": at, "attempt": data.get("attempt"), "error": data.get("error") or {},
+                       "retry_in": data.get("retry_in"), "final": bool(data.get("final"))}
+            x.failures.append(failure)
+            if _is_breaker(failure["error"]):
+                self.breakers.append({"seq": seq, "at": at, "kind": "CircuitOpen", "step": step,
+                                      "message": failure["error"].get("message")})
+            if not data.get("final"):
+                return
+            x.error = failure["error"]
+            x.route = data.get("route")
+            x.outcome = "routed" if x.route else "failed"
+            if x.route:
+                x.next = [x.route]
+                self.edges[(step, x.route)] += 1
+        else:
+            x.outcome = "completed"
+            x.update = data.get("update")
+            x.next = list(data.get("next") or [])
+            x.ms = data.get("ms")
+            x.trace = list(data.get("trace") or [])
+            x.reconciled = data.get("reconciled")
+            for name in ("calls", "http"):
+                found = data.get(name)
+                if isinstance(found, list):
+                    x.calls.extend(found)
+            for call in x.calls:
+                if isinstance(call, dict) and call.get("sent") is False and _is_breaker(call.get("error") or {}):
+                    self.breakers.append({"seq": seq, "at": at, "kind": "CircuitOpen", "step": step,
+                                          "message": (call.get("error") or {}).get("message")})
+            x.joins = list(data.get("join") or {})
+            for target in [*x.next, *x.joins]:
+                self.edges[(step, target)] += 1
+            if data.get("effect"):
+                x.effect, x.compensable = True, bool(data.get("compensable"))
+                self.effects[seq] = {"seq": seq, "step": step, "key": data.get("key"), "execution": x.index,
+                                     "compensable": x.compensable, "result": x.update, "status": "done",
+                                     "attempts": 0, "errors": [], "undone_seq": None, "undo_result": None,
+                                     "undo_trace": []}
+        if x.ms is not None:
+            x.started_at = min(x.started_at or at, at - x.ms / 1000.0)
+        x.ended_at = at
+        del self.open[step]
+
+    def saga_event(self, seq: int, kind: str, at: float, data: dict[str, Any]) -> None:
+        effect = self.effects.get(data.get("effect", -1)) if "effect" in data else None
+        if kind == S.COMPENSATION_STARTED and effect is not None:
+            effect["attempts"] = max(effect["attempts"], int(data.get("attempt") or 1))
+            effect["status"] = "compensating"
+        elif kind == S.COMPENSATION_COMPLETED and effect is not None:
+            effect.update(status="compensated", undone_seq=seq, undo_result=data.get("result"),
+                          undo_trace=list(data.get("trace") or []))
+        elif kind == S.COMPENSATION_FAILED and effect is not None:
+            effect["errors"].append({"seq": seq, "at": at, "attempt": data.get("attempt"),
+                                     "error": data.get("error") or {}, "retry_in": data.get("retry_in"),
+                                     "final": bool(data.get("final"))})
+            effect["status"] = "compensation failed" if data.get("final") else "retrying"
+        elif kind == S.SAGA_FAILED:
+            self.saga_failed = (seq, data)
+        if kind == S.ROLLED_BACK:
+            for x in self.open.values():  # their tick was rolled back: they will not end
+                x.outcome = "abandoned"
+            self.open.clear()
+        if kind in (S.SAGA_STARTED, S.SAGA_COMPLETED, S.SAGA_FAILED, S.SAGA_RETRIED, S.ROLLED_BACK):
+            entry = {"seq": seq, "at": at, "kind": kind}
+            entry.update({k: v for k, v in data.items() if k != "restore"})  # the checkpoint is bulky
+            self.sagas.append(entry)
+
+    # -- the end -------------------------------------------------------------------------------------
+    def finish(self, snapshots: Sequence[SnapshotRecord]) -> RunSummary:
+        rec, rs = self.rec, self.rs
+        for x in self.open.values():
+            if rec.status == "waiting":
+                x.outcome = "waiting"
+            elif x.effect and x.key:
+                x.outcome = "in doubt" if rec.status not in ACTIVE_STATUSES or not rec.lease_owner else "in progress"
+            elif rec.status in TERMINAL_STATUSES:
+                x.outcome = "abandoned"
+        snaps = []
+        for snap in sorted(snapshots, key=lambda s: s.seq):
+            snaps.append({"seq": snap.seq, "trigger": snap.trigger, "created_at": snap.created_at,
+                          "sha256": snap.sha256, "bytes": len(snap.state.encode()),
+                          "problem": snapshot_problem(snap)})
+        state: Any = rs.state if rs is not None else None
+        if rs is not None and rs.seq and rs.status != rec.status and TERMINAL_STATUSES & {rs.status, rec.status}:
+            self.notes.append(f"the run row says {rec.status!r} but its journal folds to {rs.status!r}")
+        started = self.started
+        return RunSummary(
+            run_id=rec.run_id, workflow=rec.workflow, version=rec.version, fingerprint=rec.fingerprint,
+            target=rec.target, status=rec.status, created_at=rec.created_at, updated_at=rec.updated_at,
+            finished_at=rec.finished_at, error=rec.error,
+            parent=started.get("parent") or ({"run_id": rec.parent_run_id} if rec.parent_run_id else None),
+            lease_owner=rec.lease_owner, lease_expires_at=rec.lease_expires_at, events=self.count, first_at=self.first_at, last_at=self.last_at,
+            graph=started.get("graph") or {}, start=list(started.get("start") or []), input=started.get("input"),
+            state=state, executions=self.executions, ticks=self.ticks,
+            edges_taken=[(a, b, n) for (a, b), n in self.edges.items()],
+            effects=list(self.effects.values()), sagas=self.sagas, resumes=self.resumes, breakers=self.breakers,
+            snapshots=snaps + [{"rejected": True, **r} for r in self.rejected], others=self.others,
+            failure=self.failure(), notes=self.notes, states=self.states,
+        )
+
+    def failure(self) -> dict[str, Any] | None:
+        """Where the run went wrong, pointing at the execution (or compensation) that caused it."""
+        if self.saga_failed is not None:
+            seq, data = self.saga_failed
+            effect = self.effects.get(data.get("effect", -1), {})
+            return {"kind": "compensation", "seq": seq, "step": data.get("step"), "error": data.get("error") or {},
+                    "execution": effect.get("execution"), "detail": effect.get("errors", [])[-1:] or None,
+                    "message": f"compensating the effect of step {data.get('step')!r} kept failing"}
+        cause = self.run_failed
+        if cause is None:
+            for saga in self.sagas:
+                if saga["kind"] == S.SAGA_STARTED and saga.get("reason") == "failure":
+                    cause = (saga["seq"], saga)
+        if cause is not None:
+            seq, data = cause
+            step = data.get("step")
+            culprit = next((x for x in reversed(self.executions) if x.step == step and x.error), None)
+            error = (culprit.error if culprit else None) or data.get("error") or {}
+            return {"kind": "step", "seq": culprit.seq if culprit else seq, "step": step, "error": error,
+                    "execution": culprit.index if culprit else None,
+                    "message": f"step {step!r} failed and had no failure route",
+                    "uncompensable": data.get("uncompensable")}
+        if self.cancelled is not None:
+            seq, data = self.cancelled
+            return {"kind": "cancelled", "seq": seq, "step": None, "execution": None,
+                    "error": {"type": "Cancelled", "message": data.get("reason")},
+                    "message": f"cancelled by {data.get('by')}"}
+        last = next((x for x in reversed(self.executions) if x.failures and x.outcome != "completed"), None)
+        if last is not None and self.rec.status in ACTIVE_STATUSES:
+            return {"kind": "retrying", "seq": last.seq, "step": last.step, "execution": last.index,
+                    "error": last.failures[-1]["error"], "message": f"step {last.step!r} is failing and retrying"}
+        return None
+
+
+def _call_record(seq: int, at: float, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A durable call as the report's call table reads it: its kind as the type, and a name from
+    its request when it has one (a model, a tool, a URL)."""
+    request = data.get("request")
+    name = ""
+    if isinstance(request, dict):
+        name = next((str(request[k]) for k in ("model", "tool", "name", "url") if request.get(k)), "")
+    record = {k: v for k, v in data.items() if k not in ("step", "tick", "kind")}
+    return {"type": data.get("kind") or "call", "name": name, "seq": seq, "at": at, **record}
+
+
+def _is_breaker(error: Mapping[str, Any]) -> bool:
+    return "CircuitOpen" in str(error.get("type") or "")
+
+
+def _brief(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, default=str)[:200]
+
+
+def _clip_json(value: Any, limit: int) -> str:
+    """Pretty JSON of ``value``, or compact JSON cut at ``limit`` characters when it is large
+    (indenting goes through the pure-Python encoder: only small values are worth it)."""
+    text = codec.dumps(value)
+    if len(text) > limit:
+        return text[:limit] + f"… [{len(text):,} characters; `agentsaga history --json` has all]"
+    return json.dumps(json.loads(text), indent=2, ensure_ascii=False)

@@ -1,0 +1,224 @@
+"""``verify``: does a run's journal fold cleanly, and does every snapshot agree with it?
+
+Invariant 2 says the journal alone is the truth and a snapshot is only an optimisation. Recovery
+already skips a snapshot whose hash does not verify; ``verify`` goes further, because a hash only
+proves a snapshot was not changed *after* it was written: a snapshot that was written wrong (a bug
+in a reducer that is not deterministic, say) or re-hashed after tampering passes the hash check.
+So every snapshot is also compared with the fold of the journal at its seq, field by field.
+
+The rules, each reported with the seq it concerns:
+
+- journal: seq 1 is ``RunStarted``; seqs have no gaps; every ``data`` is a JSON object; every event
+  folds (a known kind with the fields its kind needs). The fold stops at the first event that
+  does not, and snapshots after it cannot be compared (that is said too).
+- snapshot: its layout version is the one this code writes; the sha256 of its text matches the
+  stored hash; its text decodes to a run state; its seq is within the journal; and it equals the
+  fold of events 1..seq. With no workflow to fold with (its code is not importable here) the user
+  state is left out of the comparison and a note says so; the scheduler fields are still compared,
+  because folding them never calls user code.
+- run row: when either the row or the journal says the run has ended, they say the same end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.payload import codec
+from orchestrator.engine.journal import snapshot_problem
+from orchestrator.engine.events import TERMINAL_STATUSES
+from orchestrator.engine.events import EventKind as K
+from orchestrator.engine.fold import RunState, apply
+from store import EventRecord, SnapshotRecord
+
+__all__ = ["VerifyProblem", "VerifyReport", "verify_journal"]
+
+_MAX_DIFFERENCES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyProblem:
+    """One thing that does not verify: where (``seq``), what kind (``subject``) and how."""
+
+    subject: str  #: "journal", "snapshot" or "run"
+    seq: int | None
+    message: str
+    differences: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        where = f"seq {self.seq}" if self.seq is not None else "run"
+        return f"{self.subject} {where}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What ``orc.verify(run_id)`` found. ``ok`` is True when there are no problems."""
+
+    run_id: str
+    events: int
+    snapshots: int
+    snapshots_verified: int
+    problems: tuple[VerifyProblem, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "ok": self.ok, "events": self.events, "snapshots": self.snapshots,
+            "snapshots_verified": self.snapshots_verified,
+            "problems": [{"subject": p.subject, "seq": p.seq, "message": p.message,
+                          "differences": list(p.differences)} for p in self.problems],
+            "notes": list(self.notes),
+        }
+
+    def lines(self) -> list[str]:
+        """A human report: a verdict, then one line per problem (indented differences under it)."""
+        verdict = "OK" if self.ok else f"FAILED ({len(self.problems)} problem{'s' * (len(self.problems) != 1)})"
+        out = [f"run {self.run_id}: {verdict}: {self.events} events fold cleanly" if self.ok
+               else f"run {self.run_id}: {verdict}",
+               f"snapshots: {self.snapshots_verified} of {self.snapshots} verified (hash and fold)"]
+        for problem in self.problems:
+            out.append(f"  {problem}")
+            out.extend(f"      {d}" for d in problem.differences)
+        out.extend(f"note: {n}" for n in self.notes)
+        return out
+
+
+def verify_journal(
+    run_id: str,
+    events: Sequence[EventRecord],
+    snapshots: Sequence[SnapshotRecord],
+    *,
+    reduce: Callable[[dict[str, Any], Mapping[str, Any]], None] | None = None,
+    run_status: str | None = None,
+) -> VerifyReport:
+    """Fold ``events`` and compare each snapshot with the fold at its seq (see the module doc).
+
+    ``reduce`` is the workflow's merge; None leaves the user state out of snapshot comparisons.
+    ``run_status`` is the status stored on the run row, checked against the folded one.
+    """
+    problems: list[VerifyProblem] = []
+    notes: list[str] = []
+    if reduce is None:
+        notes.append("the run's workflow is not importable here: snapshots' user state was not compared "
+                     "(its reducers are needed to fold it); everything else was")
+    pending = sorted(snapshots, key=lambda s: s.seq)
+    last = events[-1].seq if events else 0
+    verified = 0
+    for snap in pending:
+        problem = snapshot_problem(snap)
+        if problem is not None:
+            problems.append(VerifyProblem("snapshot", snap.seq, problem))
+        if snap.seq > last or snap.seq < 1:
+            problems.append(VerifyProblem("snapshot", snap.seq, f"is at seq {snap.seq}, outside the journal (1..{last})"))
+    by_seq = {s.seq: s for s in pending}
+    bad_hash = {p.seq for p in problems}
+    rs = RunState()
+    stopped: int | None = None
+    for index, event in enumerate(events):
+        seq = event.seq
+        if index == 0 and (seq != 1 or event.kind != K.RUN_STARTED):
+            problems.append(VerifyProblem("journal", seq, f"the journal must open with RunStarted at seq 1, "
+                                                          f"found {event.kind} at seq {seq}"))
+        try:
+            data = codec.loads(event.data)
+        except Exception as exc:  # not JSON, or a codec tag that does not decode (e.g. a bad Decimal)
+            problems.append(VerifyProblem("journal", seq, f"{event.kind}: data does not decode: "
+                                                          f"{type(exc).__name__}: {exc}"))
+            stopped = seq
+            break
+        if not isinstance(data, dict):
+            problems.append(VerifyProblem("journal", seq, f"{event.kind}: data is a {type(data).__name__}, "
+                                                          "not a JSON object"))
+            stopped = seq
+            break
+        try:
+            if reduce is None:
+                apply(rs, seq, event.kind, data)
+            else:
+                apply(rs, seq, event.kind, data, reduce)
+        except Exception as exc:  # any failure to fold is the finding, whatever its type
+            problems.append(VerifyProblem("journal", seq, f"{event.kind} does not fold: "
+                                                          f"{type(exc).__name__}: {exc}"))
+            stopped = seq
+            break
+        snap = by_seq.get(seq)
+        if snap is not None:
+            found = _compare(snap, rs, with_state=reduce is not None)
+            if found is not None:
+                problems.append(found)
+            elif seq not in bad_hash:
+                verified += 1
+    if stopped is not None:
+        later = [s.seq for s in pending if s.seq >= stopped]
+        if later:
+            notes.append(f"snapshots at seq {', '.join(map(str, later))} were not compared with the fold: "
+                         f"it stopped at seq {stopped}")
+    elif run_status is not None and events and rs.status != run_status and (
+            rs.status in TERMINAL_STATUSES or run_status in TERMINAL_STATUSES):
+        # Only an end is compared: between active statuses the row may lead its journal (a lease
+        # taken marks a pending run running before its Resumed event is appended).
+        problems.append(VerifyProblem("run", None, f"the run row's status is {run_status!r} but the journal "
+                                                   f"folds to {rs.status!r}"))
+    return VerifyReport(run_id=run_id, events=len(events), snapshots=len(pending), snapshots_verified=verified,
+                        problems=tuple(problems), notes=tuple(notes))
+
+
+def _compare(snap: SnapshotRecord, rs: RunState, *, with_state: bool) -> VerifyProblem | None:
+    expected_text = codec.canonical_dumps(rs.to_json())
+    if with_state and snap.state == expected_text:
+        return None
+    try:
+        stored = codec.loads(snap.state)
+    except Exception as exc:  # as for events: any failure to decode is the finding
+        return VerifyProblem("snapshot", snap.seq, f"its state does not decode: {type(exc).__name__}: {exc}")
+    expected = codec.loads(expected_text)
+    if not isinstance(stored, dict):
+        return VerifyProblem("snapshot", snap.seq, f"its state is a {type(stored).__name__}, not a run state")
+    if not with_state:
+        stored = {k: v for k, v in stored.items() if k != "state"}
+        expected.pop("state", None)
+    differences = _diff(stored, expected, "")
+    if not differences:
+        return None
+    shown = differences[:_MAX_DIFFERENCES]
+    if len(differences) > _MAX_DIFFERENCES:
+        shown.append(f"... and {len(differences) - _MAX_DIFFERENCES} more")
+    return VerifyProblem("snapshot", snap.seq,
+                         f"differs from the fold of the journal at seq {snap.seq} "
+                         f"({len(differences)} difference{'s' * (len(differences) != 1)})", tuple(shown))
+
+
+def _diff(stored: Any, expected: Any, path: str) -> list[str]:
+    """Paths where the snapshot (``stored``) and the fold (``expected``) disagree."""
+    if isinstance(stored, dict) and isinstance(expected, dict):
+        out: list[str] = []
+        for key in sorted(set(stored) | set(expected), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in expected:
+                out.append(f"{where}: in the snapshot ({_show(stored[key])}), not in the journal's fold")
+            elif key not in stored:
+                out.append(f"{where}: missing from the snapshot (the fold has {_show(expected[key])})")
+            else:
+                out.extend(_diff(stored[key], expected[key], where))
+        return out
+    if isinstance(stored, list) and isinstance(expected, list) and len(stored) == len(expected):
+        out = []
+        for i, (a, b) in enumerate(zip(stored, expected)):
+            out.extend(_diff(a, b, f"{path}[{i}]"))
+        return out
+    if stored == expected and type(stored) is type(expected):
+        return []
+    return [f"{path or '(root)'}: snapshot has {_show(stored)}, the journal folds to {_show(expected)}"]
+
+
+def _show(value: Any, width: int = 80) -> str:
+    try:
+        text = codec.dumps(value)
+    except Exception:  # a diff must never fail on the value it reports
+        text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"

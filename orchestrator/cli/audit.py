@@ -1,0 +1,260 @@
+"""The CLI's audit verbs: ``show``, ``history``, ``verify``, ``fork``, ``report`` and ``gc``.
+
+Every string that comes from a journal goes through ``safe`` (or ``json_line`` for ``--json``)
+before it reaches the terminal: an LLM's output can hold escape sequences that would rewrite it.
+Exit codes: 0 done, 1 the operation failed (unknown run, unwritable file, ...), 2 bad usage, and 3
+for ``verify`` when the run does not verify (so a script can tell "it lies" from "I could not
+look").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.payload import codec
+from orchestrator.cli.common import CommandError, UsageError, add_progress_flag, open_orchestrator, parse_duration
+from orchestrator.audit.describe import details, headline
+from orchestrator.audit.summary import RunSummary
+from orchestrator.cli.term import clip, json_line, safe, table, when
+
+__all__ = ["add_audit_verbs", "VERIFY_FAILED"]
+
+VERIFY_FAILED = 3
+Verb = Callable[..., argparse.ArgumentParser]
+
+
+def _plain(value: Any) -> Any:
+    """Decoded journal values (datetimes, sets...) back to JSON data, tagged as in the journal."""
+    return json.loads(codec.dumps(value))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+# -- show ------------------------------------------------------------------------------------------
+def cmd_show(args: argparse.Namespace) -> int:
+    with open_orchestrator(args) as orc:
+        s = orc.summary(args.run_id)
+    if args.json:
+        print(json_line(_plain(s.to_json())))
+        return 0
+    print("\n".join(_show_lines(s, limit=None if args.all else args.steps)))
+    return 0
+
+
+def _show_lines(s: RunSummary, *, limit: int | None) -> list[str]:
+    took = "-" if s.duration is None else f"{s.duration:.3f}s"
+    out = [
+        f"run {safe(s.run_id)}  {s.status}",
+        f"workflow {safe(s.workflow)}  version {safe(s.version)}  graph {s.fingerprint[:12]}"
+        + (f"  target {safe(s.target)}" if s.target else ""),
+        f"created {when(s.created_at)} UTC  finished {when(s.finished_at)}{' UTC' if s.finished_at else ''}"
+        f"  took {took}{'' if s.finished_at else ' so far'}  in steps {s.step_ms / 1000:.3f}s",
+        f"events {s.events}  step executions {len(s.executions)}  retries {s.retries}  effects {len(s.effects)}"
+        f"  snapshots {len([n for n in s.snapshots if not n.get('rejected')])}",
+    ]
+    if s.parent:
+        p = s.parent
+        out.append(f"forked from {safe(p.get('run_id'))}" + (f" at step {safe(p.get('step'))} (seq {p.get('seq')})"
+                                                             if p.get("step") else ""))
+    if s.lease_owner:
+        until = s.lease_expires_at
+        lapsed = until is not None and until <= time.time()  # display only: the store decides
+        out.append(f"lease held by {safe(s.lease_owner)} until {when(until)} UTC"
+                   + (" (expired: `agentsaga recover` will take the run over)" if lapsed else ""))
+    if s.error:
+        out.append(f"error: {safe(s.error)}")
+    if s.failure:
+        f = s.failure
+        err = f.get("error") or {}
+        where = f" (execution #{f['execution']})" if f.get("execution") else ""
+        out.append(f"cause: {safe(f['message'])} at seq {f['seq']}{where}: {safe(err.get('type'))}: "
+                   f"{safe(err.get('message'))}")
+    executions = s.executions
+    shown = executions if limit is None else executions[-limit:] if limit > 0 else []
+    out += ["", f"STEPS ({len(executions)} executions)"]
+    if len(shown) < len(executions):
+        out.append(f"... {len(executions) - len(shown)} earlier executions (show --all lists them)")
+    if shown:
+        rows = [[x.index, x.first_seq if x.seq == x.first_seq else f"{x.first_seq}-{x.seq}", x.tick, x.step,
+                 x.outcome, x.attempts, _ms(x.ms), _outcome_detail(x)] for x in shown]
+        out.append(table(["#", "SEQ", "TICK", "STEP", "OUTCOME", "ATTEMPTS", "MS", "NEXT / ERROR"], rows))
+    if s.effects:
+        out += ["", "EFFECTS AND COMPENSATIONS"]
+        rows = [[e["seq"], e["step"], e["key"], e["status"] if e["compensable"] else "no compensation",
+                 e["attempts"], e["undone_seq"] or "-"] for e in s.effects]
+        out.append(table(["SEQ", "STEP", "KEY", "COMPENSATION", "ATTEMPTS", "UNDONE AT"], rows))
+    out += ["", "SNAPSHOTS"]
+    snaps = [n for n in s.snapshots if not n.get("rejected")]
+    if snaps:
+        rows = [[n["seq"], n["trigger"], when(n["created_at"]), n["sha256"][:16], n["bytes"],
+                 n["problem"] or "verifies"] for n in snaps]
+        out.append(table(["SEQ", "TRIGGER", "WRITTEN (UTC)", "SHA256", "BYTES", "HASH"], rows))
+    else:
+        out.append("none kept")
+    for n in s.snapshots:
+        if n.get("rejected"):
+            out.append(f"snapshot at seq {n.get('seq')} rejected by a recovery (event {n.get('event_seq')}): "
+                       f"{safe(n.get('reason'))}")
+    if s.resumes:
+        out += ["", "RECOVERIES"]
+        rows = [[r["seq"], when(r["at"]), r.get("owner"), r.get("snapshot_seq"), r.get("replayed")] for r in s.resumes]
+        out.append(table(["SEQ", "WHEN (UTC)", "OWNER", "FROM SNAPSHOT", "REPLAYED"], rows))
+    out.extend(f"note: {safe(n)}" for n in s.notes)
+    return out
+
+
+def _outcome_detail(x: Any) -> str:
+    if x.error:
+        return f"{x.error.get('type')}: {x.error.get('message')}" + (f" -> {x.route}" if x.route else "")
+    if x.outcome == "completed":
+        return ", ".join(x.next) or ("join " + ", ".join(x.joins) if x.joins else "END")
+    if x.failures:
+        last = x.failures[-1]["error"]
+        return f"{last.get('type')}: {last.get('message')}"
+    return ""
+
+
+# -- history ---------------------------------------------------------------------------------------
+def cmd_history(args: argparse.Namespace) -> int:
+    with open_orchestrator(args) as orc:
+        events = orc.history(args.run_id, after=args.after, until=args.until)
+    if args.json:
+        for e in events:
+            print(json_line({"run_id": args.run_id, "seq": e["seq"], "kind": e["kind"], "at": e["at"],
+                             "data": _plain(e["data"])}))
+        return 0
+    # The date is printed when it changes, so each event line keeps its columns for the headline.
+    day = None
+    seq_width = len(str(events[-1]["seq"])) if events else 1
+    kind_width = max((len(e["kind"]) for e in events), default=0)
+    for e in events:
+        stamp = when(e["at"])
+        if stamp[:10] != day:
+            day = stamp[:10]
+            print(f"-- {day} (UTC)")
+        head = f"{e['seq']:>{seq_width}}  {stamp[11:]}  {e['kind']:<{kind_width}}  {headline(e['kind'], e['data'])}"
+        print(safe(head.rstrip()) if args.full else clip(head.rstrip(), 100))
+        for label, text in details(e["kind"], e["data"], full=args.full):
+            body = safe(text).replace("\n", "\n" + " " * 10)
+            print(f"          {label}: {body}")
+    if not events:
+        print("no events in that range")
+    return 0
+
+
+# -- verify ----------------------------------------------------------------------------------------
+def cmd_verify(args: argparse.Namespace) -> int:
+    with open_orchestrator(args) as orc:
+        report = orc.verify(args.run_id)
+    if args.json:
+        print(json_line(report.to_json()))
+    else:
+        print("\n".join(safe(line) for line in report.lines()))
+    return 0 if report.ok else VERIFY_FAILED
+
+
+# -- fork ------------------------------------------------------------------------------------------
+def cmd_fork(args: argparse.Namespace) -> int:
+    with open_orchestrator(args) as orc:
+        new_id = orc.fork(args.run_id, from_step=args.from_step, run_id=args.new_run_id)
+        first = orc.history(new_id)[0]["data"]
+        result = orc.resume(new_id) if args.run else None
+    parent = first.get("parent") or {}
+    if args.json:
+        out: dict[str, Any] = {"run_id": new_id, "parent": parent, "status": result.status if result else "pending"}
+        if result is not None:
+            out["state"] = _plain(result.state.model_dump() if hasattr(result.state, "model_dump") else result.state)
+        print(json_line(out))
+    else:
+        print(f"forked run {safe(new_id)} from {safe(args.run_id)} at step {safe(args.from_step)} "
+              f"(its state at seq {parent.get('seq')})")
+        if result is None:
+            print(f"drive it with: agentsaga resume {safe(new_id)}")
+        else:
+            print(f"run {safe(new_id)}  status {result.status}  events {result.seq}"
+                  + (f"\nerror: {safe(result.error)}" if result.error else ""))
+    return 0 if result is None or result.status == "completed" else 1
+
+
+# -- report ----------------------------------------------------------------------------------------
+def cmd_report(args: argparse.Namespace) -> int:
+    with open_orchestrator(args) as orc:
+        html = orc.report_html(args.run_id)
+    from orchestrator.audit.report import write_report
+
+    try:
+        path = write_report(args.html, html)
+    except OSError as exc:
+        raise CommandError(f"cannot write the report to {args.html!r}: {exc.strerror or exc}") from None
+    size = len(html.encode("utf-8"))
+    if args.json:
+        print(json_line({"run_id": args.run_id, "path": str(path), "bytes": size}))
+    else:
+        print(f"wrote {safe(path)} ({size:,} bytes)")
+    return 0
+
+
+# -- gc --------------------------------------------------------------------------------------------
+def cmd_gc(args: argparse.Namespace) -> int:
+    older = parse_duration(args.older_than, "--older-than")
+    if args.keep_snapshots is None and older is None:
+        raise UsageError("gc needs --keep-snapshots K and/or --older-than DURATION")
+    if args.keep_snapshots is not None and args.keep_snapshots < 0:
+        raise UsageError("--keep-snapshots must be >= 0")
+    with open_orchestrator(args) as orc:
+        report = orc.gc(keep_snapshots=args.keep_snapshots, older_than=older, dry_run=args.dry_run)
+    if args.json:
+        print(json_line(report.to_json()))
+        return 0
+    rows = [["delete run", d["run_id"], d["status"], when(d["finished_at"]), d["workflow"]] for d in report.deleted]
+    rows += [["prune snapshots", p["run_id"], p["status"], "-",
+              f"seq {', '.join(map(str, p['deleted']))}; keep {', '.join(map(str, p['kept'])) or 'none'}"]
+             for p in report.pruned]
+    if rows:
+        print(table(["ACTION" + (" (DRY RUN)" if report.dry_run else ""), "RUN", "STATUS", "FINISHED (UTC)",
+                     "DETAIL"], rows))
+    print(report.headline())
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------------
+def add_audit_verbs(verb: Verb) -> None:
+    """Register the audit verbs with ``cli.build_parser``'s ``verb(name, func, help)`` helper."""
+    p = verb("show", cmd_show, "summarise a run: status, timings, steps, effects, snapshots")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--steps", type=int, default=50, metavar="N", help="list the last N step executions (default 50)")
+    p.add_argument("--all", action="store_true", help="list every step execution")
+
+    p = verb("history", cmd_history, "every event of a run in order (--json: JSON lines for an audit pipeline)")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--after", type=int, default=0, metavar="SEQ", help="only events after this seq")
+    p.add_argument("--until", type=int, default=None, metavar="SEQ", help="only events up to this seq")
+    p.add_argument("--full", action="store_true", help="do not cut long values; show tracebacks")
+
+    p = verb("verify", cmd_verify, "re-fold the journal and check every snapshot against it (exit 3 if not)")
+    p.add_argument("run_id", metavar="RUN")
+
+    p = verb("fork", cmd_fork, "start a new run from the state a run had before one of its steps")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--from", dest="from_step", required=True, metavar="STEP",
+                   help="the step to start from (its latest execution in RUN)")
+    p.add_argument("--run-id", dest="new_run_id", metavar="ID", help="the new run's id (default: generated)")
+    p.add_argument("--run", action="store_true", help="drive the new run to its end now")
+    add_progress_flag(p)
+
+    p = verb("report", cmd_report, "write a self-contained HTML report of a run")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--html", required=True, metavar="FILE", help="where to write the report")
+
+    p = verb("gc", cmd_gc, "retention: prune snapshots and delete old finished runs (never unfinished ones)")
+    p.add_argument("--keep-snapshots", type=int, default=None, metavar="K",
+                   help="keep only the newest K snapshots of each finished run")
+    p.add_argument("--older-than", default=None, metavar="DURATION",
+                   help="delete finished runs that ended longer ago than this (e.g. 30d, 12h)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be done, change nothing")

@@ -1,0 +1,252 @@
+"""The ``agentsaga`` command line: verbs over the same engine as the library.
+
+Every verb takes ``--db URL`` (default: ``AGENTSAGA_DB``, else a SQLite file in the working
+directory). Errors are one line on stderr and a non-zero exit (1 for a failed operation, 2 for bad
+usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from orchestrator.payload import codec
+from orchestrator.cli.audit import add_audit_verbs
+from orchestrator.cli.common import CommandError, UsageError, add_progress_flag
+from orchestrator.cli.common import open_orchestrator as _orchestrator
+from orchestrator.cli.common import parse_json as _parse_json
+from orchestrator.cli.common import parse_time as _parse_time
+from orchestrator.engine.loader import load_target
+from orchestrator.engine.result import RunResult
+from orchestrator.cli.term import json_line, safe, table, when
+from orchestrator.errors import OrchestratorError
+from store import RunRecord, StoreError
+from workflows import WorkflowError
+
+__all__ = ["main", "build_parser"]
+
+
+def _result_json(res: RunResult) -> dict[str, Any]:
+    state = res.state.model_dump() if hasattr(res.state, "model_dump") else res.state
+    return {"run_id": res.run_id, "workflow": res.workflow, "status": res.status, "seq": res.seq,
+            "error": res.error, "state": json.loads(codec.dumps(state))}
+
+
+def _print_result(res: RunResult, as_json: bool) -> None:
+    if as_json:
+        print(json_line(_result_json(res)))
+        return
+    print(f"run {safe(res.run_id)}  workflow {safe(res.workflow)}  status {res.status}  events {res.seq}")
+    if res.error:
+        print(f"error: {safe(res.error)}")
+    state = res.state.model_dump() if hasattr(res.state, "model_dump") else res.state
+    print("state: " + safe(codec.dumps(state)))
+
+
+def _exit_code(res: RunResult) -> int:
+    return 0 if res.status == "completed" else 1
+
+
+# -- verbs ---------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    wf = load_target(args.target)
+    if args.input_file:
+        try:
+            with open(args.input_file, encoding="utf-8") as fh:
+                payload = _parse_json(fh.read(), f"--input-file {args.input_file!r}")
+        except OSError as exc:
+            raise UsageError(f"cannot read --input-file {args.input_file!r}: {exc.strerror}") from None
+    else:
+        payload = _parse_json(args.input, "--input") if args.input else {}
+    with _orchestrator(args, [wf]) as orc:
+        res = orc.run(wf, payload, run_id=args.run_id)
+    _print_result(res, args.json)
+    return _exit_code(res)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with _orchestrator(args) as orc:
+        res = orc.resume(args.run_id, allow_graph_change=args.allow_graph_change or None)
+    _print_result(res, args.json)
+    return _exit_code(res)
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    with _orchestrator(args) as orc:
+        results = orc.recover(limit=args.limit)
+    if args.json:
+        for res in results:
+            print(json_line(_result_json(res)))
+    elif not results:
+        print("no interrupted runs to recover")
+    else:
+        print(table(["RUN", "WORKFLOW", "STATUS", "EVENTS", "ERROR"],
+                    [[r.run_id, r.workflow, r.status, r.seq, r.error or ""] for r in results]))
+    return 0 if all(r.status == "completed" for r in results) else 1
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _orchestrator(args) as orc:
+        res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
+    _print_result(res, args.json)
+    return 0
+
+
+def cmd_signal(args: argparse.Namespace) -> int:
+    payload = _parse_json(args.data, "--data") if args.data is not None else None
+    with _orchestrator(args) as orc:
+        orc.signal(args.run_id, args.name, payload)
+    print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; "
+          "it continues on the next `agentsaga recover` (or a worker)")
+    return 0
+
+
+def cmd_compensate(args: argparse.Namespace) -> int:
+    with _orchestrator(args) as orc:
+        res = orc.compensate(args.run_id)
+    _print_result(res, args.json)
+    return 0 if res.status == "compensated" else 1
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    to: int | str = int(args.to) if args.to.isdigit() else args.to
+    payload = _parse_json(args.input, "--input") if args.input else None
+    if payload is not None and not isinstance(payload, dict):
+        raise UsageError("--input must be a JSON object (it is merged into the checkpoint's state)")
+    with _orchestrator(args) as orc:
+        res = orc.rollback(args.run_id, to=to, input=payload, next_step=args.next)
+    _print_result(res, args.json)
+    return _exit_code(res)
+
+
+def _run_json(rec: RunRecord) -> dict[str, Any]:
+    return {
+        "run_id": rec.run_id, "workflow": rec.workflow, "version": rec.version, "status": rec.status,
+        "created_at": rec.created_at, "updated_at": rec.updated_at, "finished_at": rec.finished_at,
+        "error": rec.error, "parent_run_id": rec.parent_run_id, "lease_owner": rec.lease_owner,
+        "lease_expires_at": rec.lease_expires_at,
+    }
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    status = [s for part in args.status for s in part.split(",") if s] if args.status else None
+    with _orchestrator(args) as orc:
+        runs = orc.list_runs(status=status, workflow=args.workflow, since=_parse_time(args.since),
+                             until=_parse_time(args.until), limit=args.limit, offset=args.offset)
+    if args.json:
+        for rec in runs:
+            print(json_line(_run_json(rec)))
+        return 0
+    if not runs:
+        print("no runs")
+        return 0
+    rows = []
+    for rec in runs:
+        took = "-"
+        if rec.finished_at is not None:
+            took = f"{rec.finished_at - rec.created_at:.2f}s"
+        rows.append([rec.run_id, rec.workflow, rec.version, rec.status, when(rec.created_at), took, rec.error or ""])
+    print(table(["RUN", "WORKFLOW", "VER", "STATUS", "CREATED (UTC)", "TOOK", "ERROR"], rows))
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", metavar="URL", default=None,
+                        help="database URL (default: $AGENTSAGA_DB, else sqlite:///agentsaga.db)")
+    common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser = argparse.ArgumentParser(prog="agentsaga", description="Durable, auditable agent runs.",
+                                     parents=[common])
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+
+    def verb(name: str, func: Callable[[argparse.Namespace], int], help: str, json_flag: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, parents=[common])
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print data as JSON")
+        p.set_defaults(func=func)
+        return p
+
+    p = verb("run", cmd_run, "start a workflow run and drive it to the end")
+    p.add_argument("target", help="the workflow: module:attr or path/to/file.py:attr")
+    p.add_argument("--input", metavar="JSON", help="the run's input as a JSON object")
+    p.add_argument("--input-file", metavar="FILE", help="read the input JSON from a file")
+    p.add_argument("--run-id", metavar="ID", help="choose the run id (a second run with it continues the first)")
+    add_progress_flag(p)
+
+    p = verb("resume", cmd_resume, "continue an interrupted run now (takes its lease over)")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--allow-graph-change", action="store_true", help="continue even if the workflow graph changed")
+    add_progress_flag(p)
+
+    p = verb("recover", cmd_recover, "resume every interrupted run whose lease has expired")
+    p.add_argument("--limit", type=int, default=None, help="recover at most N runs")
+    add_progress_flag(p)
+
+    p = verb("cancel", cmd_cancel, "cancel a run that has not finished")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--reason", default=None)
+    p.add_argument("--compensate", action="store_true", help="undo the run's completed effects first")
+    add_progress_flag(p)
+
+    p = verb("signal", cmd_signal, "send a signal (e.g. a human's approval) to a run", json_flag=False)
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--data", metavar="JSON", help="the signal's data as JSON")
+
+    p = verb("compensate", cmd_compensate, "retry the remaining compensations of a compensation_failed run")
+    p.add_argument("run_id", metavar="RUN")
+    add_progress_flag(p)
+
+    p = verb("rollback", cmd_rollback, "undo the effects after a checkpoint and continue the run from it")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--to", required=True, help="a journal seq at a tick boundary, or a step name")
+    p.add_argument("--input", metavar="JSON", help="merged into the checkpoint's state")
+    p.add_argument("--next", metavar="STEP", help="force the step the run continues with")
+    add_progress_flag(p)
+
+    p = verb("runs", cmd_runs, "list runs, newest first")
+    p.add_argument("--status", action="append", help="filter by status (repeat or comma-separate)")
+    p.add_argument("--workflow", help="filter by workflow name")
+    p.add_argument("--since", metavar="TIME", help="created at or after (ISO 8601, UTC if no zone)")
+    p.add_argument("--until", metavar="TIME", help="created before (ISO 8601)")
+    p.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
+    p.add_argument("--offset", type=int, default=0, help="skip the N newest matching runs (paging)")
+
+    add_audit_verbs(verb)
+    from orchestrator.cli.ops import add_ops_verbs; add_ops_verbs(sub, verb)  # noqa: E702 worker, enqueue, stats, retry
+    from orchestrator.cli.demo import add_demo_verb; add_demo_verb(sub, verb)  # noqa: E702 the offline demo
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"agentsaga: error: {safe(exc)}", file=sys.stderr)
+        return 2
+    except (OrchestratorError, StoreError, WorkflowError, CommandError) as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"agentsaga: error: {safe(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("agentsaga: interrupted; the run can be resumed", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`agentsaga history RUN | head`): stop quietly. stdout is pointed
+        # at /dev/null so the interpreter's final flush does not raise a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""``StepContext``: what a step gets besides the state.
+
+Time and randomness come from the Orchestrator's injected clock and random source, so tests
+(freezegun, a fake clock) and replays see exact values.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["StepContext"]
+
+_log = logging.getLogger("agentsaga.step")
+
+
+class StepContext:
+    """Passed to every step as ``ctx``.
+
+    - ``ctx.run_id``, ``ctx.workflow``, ``ctx.step``, ``ctx.attempt`` (1-based), ``ctx.tick``
+    - ``ctx.trace(message, **data)``: a reasoning-trace entry, journaled with the step's output
+    - ``ctx.now()``: the current time from the injected clock (an aware UTC datetime)
+    - ``ctx.failure``: when this step was reached through a failure route, the error that led here
+    - ``ctx.idempotency_key``: for an effect (and a compensation), a key stable across retries and
+      recoveries: send it to the outside world so a re-sent call is recognised (None otherwise)
+    - ``ctx.http`` / ``ctx.ahttp``: HTTP tool calls (sync / async, httpx underneath), each response
+      journaled as it arrives (never sent twice by a re-run step, replayable), redacted, guarded by
+      circuit breakers, sending the idempotency key for effects
+    - ``ctx.durable_call(kind, request, perform)`` / ``await ctx.adurable_call(...)``: a call journaled
+      the moment it returns and never performed twice for the same request (model calls)
+    - ``ctx.wait_for(name, timeout=None)``: the data of a signal, parking the run until it arrives
+    - ``ctx.sleep(seconds)``: a durable timer that survives restarts
+    - ``ctx.log``: a logger that tags records with the run and step
+    """
+
+    __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "idempotency_key", "_log", "_trace",
+                 "_clock", "_t0", "tools", "_make_tools", "_runtime")
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        step: str,
+        attempt: int,
+        tick: int,
+        clock: Callable[[], float],
+        failure: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        make_tools: Any = None,
+        runtime: Any = None,
+    ) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.step = step
+        self.attempt = attempt
+        self.tick = tick
+        self.failure = failure
+        self.idempotency_key = idempotency_key
+        self._log: logging.LoggerAdapter[logging.Logger] | None = None
+        self.tools: Any = None  # created on first use of ctx.http / ctx.ahttp
+        self._make_tools = make_tools
+        self._runtime = runtime
+        self._trace: list[dict[str, Any]] = []
+        self._clock = clock
+        self._t0 = time.perf_counter()
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose records carry the run id and step (built on first use)."""
+        if self._log is None:
+            self._log = logging.LoggerAdapter(_log, {"run_id": self.run_id, "step": self.step})
+        return self._log
+
+    def trace(self, message: str, **data: Any) -> None:
+        """Record why the step did what it did; journaled with the step's output."""
+        entry: dict[str, Any] = {"msg": str(message), "ms": round((time.perf_counter() - self._t0) * 1000, 3)}
+        if data:
+            entry["data"] = data
+        self._trace.append(entry)
+
+    @property
+    def http(self) -> Any:
+        """Synchronous HTTP tool calls (an ``HttpTool``): ``ctx.http.post(url, json=...)``."""
+        from orchestrator.tools.durable_http import DurableHttp
+
+        tools = self._step_tools("ctx.http")
+        if tools.durable_http is None:
+            tools.durable_http = DurableHttp(tools.http, self)
+        return tools.durable_http
+
+    @property
+    def ahttp(self) -> Any:
+        """Async HTTP tool calls (an ``AsyncHttpTool``): ``await ctx.ahttp.post(url, json=...)``."""
+        from orchestrator.tools.durable_http import AsyncDurableHttp
+
+        tools = self._step_tools("ctx.ahttp")
+        if tools.durable_ahttp is None:
+            tools.durable_ahttp = AsyncDurableHttp(tools.ahttp, self)
+        return tools.durable_ahttp
+
+    def _step_tools(self, what: str) -> Any:
+        if self.tools is None:
+            if self._make_tools is None:
+                raise RuntimeError(f"{what} is only available inside a step run by an Orchestrator")
+            self.tools = self._make_tools()
+        return self.tools
+
+    def _rt(self, what: str) -> Any:
+        runtime = self._runtime
+        if runtime is None:
+            raise RuntimeError(f"ctx.{what} is only available inside a step run by an Orchestrator")
+        if callable(runtime):  # built on first use: most steps never wait or make durable calls
+            runtime = self._runtime = runtime()
+        return runtime
+
+    def durable_call(self, kind: str, request: Any, perform: Any) -> Any:
+        """Perform ``perform()`` once per step execution and request; journal its JSON response."""
+        return self._rt("durable_call").durable_call(kind, request, perform)
+
+    async def adurable_call(self, kind: str, request: Any, perform: Any) -> Any:
+        """The async twin of ``durable_call``: ``perform`` returns an awaitable."""
+        return await self._rt("adurable_call").adurable_call(kind, request, perform)
+
+    def wait_for(self, name: str, timeout: float | None = None) -> Any:
+        """Return signal ``name``'s data; until it is sent, the run waits (status ``waiting``)."""
+        return self._rt("wait_for").wait_for(name, timeout)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep durably: the run parks and wakes after ``seconds``, even across restarts."""
+        self._rt("sleep").sleep(seconds)
+
+    def now(self) -> _dt.datetime:
+        return _dt.datetime.fromtimestamp(self._clock(), tz=_dt.timezone.utc)
+
+    @property
+    def traces(self) -> list[dict[str, Any]]:
+        return list(self._trace)
+
+    def __repr__(self) -> str:
+        return f"<StepContext run={self.run_id!r} step={self.step!r} attempt={self.attempt}>"

@@ -1,0 +1,485 @@
+"""``Worker``: claims runnable runs from the store and drives up to N of them at once.
+
+    worker = Worker("postgresql://db/agents", ["app.flows:research"], concurrency=8, queues=["default"])
+    worker.run()          # until SIGTERM / SIGINT (or worker.stop() from another thread)
+
+Runnable means: new (pending), a timer due or a signal arrived (waiting, ``wake_at`` passed), or a
+lease expired (its worker died or stalled). Claims are one statement (``FOR UPDATE SKIP LOCKED``
+on Postgres, ``BEGIN IMMEDIATE`` on SQLite), so many workers on many machines never take the same
+run; queue limits are checked in that same transaction (``orchestrator/scale/limits.py``).
+
+How the work is laid out, and why:
+
+- **One event loop per concurrency slot, each in its own thread.** Steps may be sync and block
+  (a sync step runs inline on its run's loop), so asyncio tasks on one shared loop would let one
+  slow sync step stall every other run, and the claims too. Threads give each run its own loop;
+  sync steps doing I/O overlap (the GIL is released), and the engine commits each run under its
+  own lock, so runs never wait on each other's commits. CPU-bound steps do not scale with
+  threads: run more worker processes (one per core) for those.
+- **One claimer.** The thread that called ``run()`` claims for every free slot in one statement
+  and hands runs to the slots through a queue: one round trip for a batch of runs, one place that
+  applies the limits, one LISTEN connection.
+- **No busy loops.** An idle worker waits on an event that is set when a slot frees, when Postgres
+  NOTIFYs that a run became claimable (``store.listener()``; a trigger sends it on enqueue,
+  signal, hand-back and retry), or at the next moment the store says something comes due (a lease
+  expiry, a timer: ``store.next_due``). Without NOTIFY (SQLite, or while the LISTEN connection is
+  being re-established) it polls, backing off from 50 ms to ``poll`` seconds.
+- **Leases and fencing.** Each claimed run is leased; the engine's heartbeat thread renews every
+  held lease every ``heartbeat`` seconds (default ``lease_ttl / 3``). A worker that loses a lease
+  (paused past it, partitioned) gets ``FencedError`` on its next append and abandons the run; the
+  run's new owner restores it from its snapshot (invariant 6).
+- **Stopping.** On SIGTERM or SIGINT the worker stops claiming and lets in-flight runs finish for
+  up to ``drain`` seconds; then it hands the rest back: each stops at its next step boundary (an
+  awaiting async step is cancelled) and its lease is released, so another worker takes it at once
+  instead of after the lease expires. A step still running then is in doubt like after a crash
+  (effects are re-sent with the same idempotency key). A second signal skips the wait.
+- **Runs it cannot drive.** A run whose workflow this worker cannot import (or whose graph
+  changed) is released, not failed, with an error in the log, and this worker does not claim it
+  again for ``skip_for`` seconds: another worker, with the code, takes it.
+- **Runs that keep failing** go to status ``dead`` (``orchestrator/scale/deadletter.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue as queue_mod
+import signal
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from orchestrator.scale.deadletter import DEFAULT_MAX_FAILURES, DeadLetterPolicy
+from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
+from orchestrator.engine.leases import Heartbeat
+from orchestrator.scale.limits import Limits, QueueLimit
+from orchestrator.engine.loader import load_target
+from orchestrator._orchestrator import Orchestrator
+from orchestrator.scale.queues import check_queue_name
+from orchestrator.scale.wakeups import Listening
+from orchestrator.errors import ConfigurationError, GraphChangedError, WorkflowNotFoundError
+from store import FencedError, RunNotFoundError, StoreError, StoreUnavailableError
+from workflows import Workflow
+
+__all__ = ["Worker"]
+
+_log = logging.getLogger("agentsaga.worker")
+_MIN_IDLE = 0.05  # first poll interval when polling (no NOTIFY)
+_HAND_BACK_GRACE = 5.0  # after asking in-flight runs to stop, how long to wait for them
+
+
+def _seconds(value: Any, what: str, *, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
+        raise ConfigurationError(f"{what} must be a {'non-negative' if zero else 'positive'} number of seconds, "
+                                 f"got {value!r}")
+    return float(value)
+
+
+class _Slot(threading.Thread):
+    """One concurrency slot: a thread with its own event loop, driving one run at a time."""
+
+    def __init__(self, worker: Worker, index: int) -> None:
+        super().__init__(name=f"agentsaga-slot-{index}", daemon=True)
+        self.worker = worker
+        self.loop = asyncio.new_event_loop()
+        self.task: asyncio.Task[Any] | None = None
+
+    def run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        inbox = self.worker._inbox
+        try:
+            while True:
+                item = inbox.get()
+                if item is None:
+                    return
+                run_id, token, queue = item
+                try:
+                    self.worker._drive(self, run_id, token)
+                except BaseException:  # a bug in the worker itself: log it, keep the slot alive
+                    _log.exception("run %s: unexpected error in the worker", run_id)
+                finally:
+                    self.worker._finished(run_id, queue)
+        finally:
+            self.loop.close()
+
+    def drive(self, coro: Any) -> Any:
+        self.task = self.loop.create_task(coro)
+        try:
+            return self.loop.run_until_complete(self.task)
+        finally:
+            self.task = None
+
+    def cancel(self) -> None:
+        task = self.task
+        if task is not None:
+            self.loop.call_soon_threadsafe(task.cancel)
+
+
+class Worker:
+    """Claims runs and drives them; see the module docstring for how.
+
+    ``orc_or_url``: an ``Orchestrator`` (its store, workflows and settings are used; it stays
+    open) or a database URL (None: ``AGENTSAGA_DB``). ``targets``: workflows to import
+    (``"module:attr"``, ``"path/file.py:attr"``) or ``Workflow`` objects; runs of other workflows
+    are still driven when their recorded target imports. Keyword-only options:
+
+    - ``concurrency`` (4): runs driven at once by this worker
+    - ``queues`` (None: every queue, and runs with none): the queues this worker serves
+    - ``lease_ttl`` (30 s; with a URL only): a lease expires this long after its last renewal
+    - ``heartbeat`` (``lease_ttl / 3``): how often held leases are renewed
+    - ``poll`` (2 s): the longest an idle worker waits between looks when NOTIFY is not available
+    - ``limits``: a ``Limits`` (queue concurrency and rate, in-flight calls per tool)
+    - ``max_failures`` (10): failed recoveries before a run goes ``dead``
+    - ``drain`` (20 s): on stop, how long in-flight runs may take to finish before being handed back
+    - ``skip_for`` (60 s): how long a run this worker cannot import is left to other workers
+    - ``tracing`` (False): OpenTelemetry spans per run and step (needs the ``otel`` extra); True
+      for the global tracer provider, or a provider
+    """
+
+    def __init__(self, orc_or_url: Orchestrator | str | None = None, targets: Iterable[str | Workflow] = (), *,
+                 concurrency: int = 4, queues: Sequence[str] | None = None, lease_ttl: float | None = None,
+                 heartbeat: float | None = None, poll: float = 2.0, limits: Limits | None = None,
+                 max_failures: int = DEFAULT_MAX_FAILURES, drain: float = 20.0, skip_for: float = 60.0,
+                 tracing: Any = False, owner: str | None = None,
+                 store_options: dict[str, Any] | None = None) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+        if isinstance(queues, str):
+            raise ConfigurationError(f"queues must be a list of queue names, got the string {queues!r}")
+        self.queues = None if queues is None else [check_queue_name(q) for q in dict.fromkeys(queues)]
+        if self.queues == []:
+            raise ConfigurationError("queues is empty: give at least one queue name, or None for every queue")
+        self.poll = _seconds(poll, "poll")
+        self.drain = _seconds(drain, "drain", zero=True)
+        self.skip_for = _seconds(skip_for, "skip_for", zero=True)
+        if limits is not None and not isinstance(limits, Limits):
+            raise ConfigurationError(f"limits must be a Limits, got {limits!r}")
+        self.limits = limits or Limits()
+        if self.queues is not None:
+            unserved = sorted(set(self.limits.queues) - set(self.queues))
+            if unserved:
+                _log.warning("limits name queues this worker does not serve: %s", ", ".join(unserved))
+        workflows = [load_target(t) if isinstance(t, str) else t for t in targets]
+        for wf in workflows:
+            if not isinstance(wf, Workflow):
+                raise ConfigurationError(f"targets must be 'module:attr' strings or Workflow objects, got {wf!r}")
+        if isinstance(orc_or_url, Orchestrator):
+            if lease_ttl is not None and lease_ttl != orc_or_url.engine.cfg.lease_ttl:
+                raise ConfigurationError("lease_ttl is the Orchestrator's: pass Orchestrator(..., lease_ttl=...)")
+            ttl = orc_or_url.engine.cfg.lease_ttl
+        else:
+            ttl = 30.0 if lease_ttl is None else _seconds(lease_ttl, "lease_ttl")
+        beat = None if heartbeat is None else _seconds(heartbeat, "heartbeat")
+        if beat is not None and beat >= ttl:
+            raise ConfigurationError(f"heartbeat ({beat:g}s) must be shorter than lease_ttl ({ttl:g}s)")
+        if isinstance(orc_or_url, Orchestrator):
+            self.orc, self._owns_orc = orc_or_url, False
+            self.orc.register(*workflows)
+        else:
+            self.orc = Orchestrator(orc_or_url, workflows=workflows, lease_ttl=ttl, owner=owner,
+                                    store_options=store_options)
+            self._owns_orc = True
+        try:
+            self._setup(beat, max_failures, tracing, concurrency)
+        except BaseException:
+            if self._owns_orc:
+                self.orc.close()
+            raise
+
+    def _setup(self, beat: float | None, max_failures: int, tracing: Any, concurrency: int) -> None:
+        cfg = self.orc.engine.cfg
+        if beat is not None:
+            self.orc.engine.heartbeat.stop()
+            self.orc.engine.heartbeat = Heartbeat(self.orc.store, ttl=cfg.lease_ttl, clock=cfg.clock, interval=beat)
+        self.store = self.orc.store
+        self.owner = self.orc.owner
+        self.concurrency = concurrency
+        self.dead = DeadLetterPolicy(self.store, owner=self.owner, clock=cfg.clock, max_failures=max_failures)
+        self.calls = self.limits.install(self.orc)
+        self.tracing = None
+        if tracing:
+            from orchestrator.contrib.otel import enable_tracing
+
+            self.tracing = enable_tracing(self.orc, None if tracing is True else tracing)
+        self._inbox: queue_mod.Queue[tuple[str, int, str | None] | None] = queue_mod.Queue()
+        self._lock = threading.Lock()
+        self._import_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._hurry = False
+        self._running: dict[str, tuple[int, _Slot | None]] = {}  # run_id -> (token, slot)
+        self._by_queue: dict[str, int] = {}
+        self._handing_back: set[str] = set()
+        self._skip: dict[str, float] = {}  # run_id -> monotonic time until which it is left alone
+        self._slots: list[_Slot] = []
+        self._listener: Listening | None = None
+        self._rotate = 0
+        #: counters for `stats` and benchmarks (this process only)
+        self.counts = {"claimed": 0, "completed": 0, "handed_back": 0, "fenced": 0, "failed_recoveries": 0,
+                       "dead": 0, "skipped": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def run(self, *, install_signals: bool = True) -> None:
+        """Claim and drive until ``stop()`` (or SIGTERM / SIGINT when called in the main thread)."""
+        restore = self._install_signals() if install_signals else {}
+        try:
+            self._start()
+            self._loop()
+        finally:
+            self._shutdown()
+            for sig, handler in restore.items():
+                signal.signal(sig, handler)
+
+    def stop(self, *, hurry: bool = False) -> None:
+        """Stop claiming; in-flight runs get ``drain`` seconds (none with ``hurry``) before hand-back."""
+        if self._stopping.is_set():
+            hurry = True  # asked twice
+        self._hurry = self._hurry or hurry
+        self._stopping.set()
+        self._wake.set()
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, lambda signum, frame: self.stop())
+        return previous
+
+    def _start(self) -> None:
+        for i in range(self.concurrency):
+            slot = _Slot(self, i)
+            slot.start()
+            self._slots.append(slot)
+        listener_ok = self.store.dialect == "postgresql"
+        if listener_ok:
+            self._listener = Listening(self.store, wake=self._wake, stop=self._stopping, queues=self.queues,
+                                       max_backoff=self.poll)
+            self._listener.start()
+        _log.info("worker %s ready: concurrency %d, queues %s, lease %gs, %s", self.owner, self.concurrency,
+                  ", ".join(self.queues) if self.queues else "all", self.orc.engine.cfg.lease_ttl,
+                  "LISTEN/NOTIFY" if listener_ok else f"polling up to every {self.poll:g}s")
+
+    @property
+    def _listening_now(self) -> bool:
+        return self._listener is not None and self._listener.listening
+
+    # -- claiming ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        idle = _MIN_IDLE
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._running)
+            found, blocked = 0, False
+            if free > 0:
+                try:
+                    found, blocked = self._claim(free)
+                except StoreError as exc:  # the database is away: try again later
+                    _log.warning("claiming failed: %s", exc)
+                    blocked = True
+            if found and found == free:
+                idle = _MIN_IDLE
+                continue  # slots are full now; the next round waits for one to free
+            if found:
+                idle = _MIN_IDLE
+            timeout = self._idle_timeout(free, found, blocked, idle)
+            if not self._listening_now or blocked:
+                idle = min(self.poll, idle * 2)
+            self._wake.wait(timeout)
+            self._wake.clear()
+
+    def _idle_timeout(self, free: int, found: int, blocked: bool, idle: float) -> float | None:
+        if free <= 0:
+            return None if self._listening_now else self.poll  # a finishing run wakes us
+        # While LISTEN works, new work announces itself and next_due covers leases and timers seen so
+        # far; a lease taken since without a NOTIFY (a run started by orc.run elsewhere) is caught
+        # within one lease length by this longest sleep.
+        safety_net = max(self.poll, self.orc.engine.cfg.lease_ttl)
+        limit = idle if (not self._listening_now or blocked) else safety_net
+        if found:
+            return limit
+        try:
+            due = self.store.next_due(now=self.orc.engine.cfg.clock(), statuses=ACTIVE_STATUSES, queues=self.queues)
+        except StoreError:
+            return limit
+        if due is None:
+            return limit
+        return max(0.0, min(limit, due - self.orc.engine.cfg.clock() + 0.01))
+
+    def _claim(self, free: int) -> tuple[int, bool]:
+        """Claim up to ``free`` runs (limited queues first, in turn) and hand them to the slots.
+        Returns (runs claimed, whether a limit held some back)."""
+        cfg = self.orc.engine.cfg
+        skip = self._skipped()
+        limited = {q: lim for q, lim in self.limits.queues.items() if self.queues is None or q in self.queues}
+        names = list(limited)
+        if names:
+            self._rotate = (self._rotate + 1) % len(names)
+            names = names[self._rotate:] + names[:self._rotate]
+        got: list[tuple[str, int, str | None]] = []
+        blocked = False
+        for q in names:
+            lim: QueueLimit = limited[q]
+            room = free - len(got)
+            if lim.worker_concurrency is not None:
+                local = lim.worker_concurrency - self._by_queue.get(q, 0)
+                blocked = blocked or local <= 0
+                room = min(room, local)
+            if room <= 0:
+                continue
+            if lim.shared:
+                claimed, cut = self.store.claim_from_queue(q, owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                                           statuses=ACTIVE_STATUSES, limit=room,
+                                                           concurrency=lim.concurrency, rate=lim.rate, not_runs=skip)
+                # Room frees when another worker's run ends, which nobody announces: poll then.
+                blocked = blocked or cut
+            else:
+                claimed = self.store.claim_some(owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                                statuses=ACTIVE_STATUSES, limit=room, queues=[q], not_runs=skip)
+            got += [(run_id, token, q) for run_id, token in claimed]
+        room = free - len(got)
+        others = None if self.queues is None else [q for q in self.queues if q not in limited]
+        if room > 0 and others != []:
+            claimed = self.store.claim_some(owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                            statuses=ACTIVE_STATUSES, limit=room, queues=others,
+                                            not_queues=list(limited) if others is None else (), not_runs=skip)
+            got += [(run_id, token, None) for run_id, token in claimed]
+        with self._lock:
+            for run_id, token, q in got:
+                self._running[run_id] = (token, None)
+                if q is not None:
+                    self._by_queue[q] = self._by_queue.get(q, 0) + 1
+        for item in got:
+            self._inbox.put(item)
+        self._count("claimed", len(got))
+        return len(got), blocked
+
+    def _skipped(self) -> list[str]:
+        if not self._skip:
+            return []
+        now = time.monotonic()
+        with self._lock:
+            for run_id in [r for r, until in self._skip.items() if until <= now]:
+                del self._skip[run_id]
+            return list(self._skip)[-500:]  # bounded: the claim's NOT IN list stays small
+
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[what] += n
+
+    def _finished(self, run_id: str, queue: str | None) -> None:
+        with self._lock:
+            self._running.pop(run_id, None)
+            self._handing_back.discard(run_id)
+            if queue is not None:
+                self._by_queue[queue] = max(0, self._by_queue.get(queue, 0) - 1)
+        self._wake.set()
+
+    # -- driving (on a slot's thread) ---------------------------------------------------------------
+    def _drive(self, slot: _Slot, run_id: str, token: int) -> None:
+        with self._lock:
+            if run_id in self._running:
+                self._running[run_id] = (token, slot)
+        orc, store = self.orc, self.store
+        clock = orc.engine.cfg.clock
+        try:
+            rec = store.get_run(run_id)
+            if self.dead.after_claim(rec, token):
+                self._count("dead")
+                return
+        except (StoreError, RunNotFoundError) as exc:
+            _log.warning("run %s: could not read it after claiming: %s", run_id, exc)
+            return
+        if self.tracing is not None:
+            self.tracing.start_run(run_id, rec.workflow, clock(), token=token)
+        status, error = "abandoned", None
+        try:
+            if run_id in self._handing_back or (self._stopping.is_set() and self._hurry):
+                raise asyncio.CancelledError  # claimed just before the stop: give it straight back
+            with self._import_lock:  # two slots must not import one run's target file twice at once
+                orc._workflow_for(rec)
+            result = slot.drive(orc._drive_claimed(run_id, token, allow=None))
+            status, error = result.status, result.error
+            if status not in TERMINAL_STATUSES and status != "waiting":
+                self._release(run_id, token)  # a run the journal says is not runnable: do not sit on it
+            self._count("completed", int(status in TERMINAL_STATUSES))
+        except (FencedError, asyncio.CancelledError) as exc:
+            if run_id in self._handing_back or isinstance(exc, asyncio.CancelledError):
+                self._release(run_id, token)
+                self._count("handed_back")
+                status = "handed_back"
+                _log.info("run %s handed back (lease released for another worker)", run_id)
+            else:
+                self._count("fenced")
+                _log.warning("run %s: lease lost, abandoned (%s: %s)", run_id, type(exc).__name__, exc)
+        except (WorkflowNotFoundError, GraphChangedError) as exc:
+            with self._lock:
+                self._skip[run_id] = time.monotonic() + self.skip_for
+            self._count("skipped")
+            _log.error("run %s left for another worker: this one cannot drive it: %s", run_id, exc)
+            self._release(run_id, token)
+        except StoreUnavailableError as exc:
+            _log.error("run %s: the database is unavailable; its lease will expire and it will be recovered: %s",
+                       run_id, exc)
+        except Exception as exc:
+            self._count("failed_recoveries")
+            error = f"{type(exc).__name__}: {exc}"
+            try:
+                if self.dead.on_error(rec, token, exc):
+                    self._count("dead")
+            except StoreError as store_exc:
+                _log.error("run %s failed (%s) and the failure could not be recorded: %s", run_id, error, store_exc)
+        finally:
+            if self.tracing is not None:
+                self.tracing.end_run(run_id, status, clock(), error=error)
+
+    def _release(self, run_id: str, token: int) -> None:
+        try:
+            self.store.release_lease(run_id, token=token, now=self.orc.engine.cfg.clock())
+        except FencedError:
+            pass  # someone else holds it already: nothing of ours to give back
+        except StoreError as exc:
+            _log.warning("run %s: could not release its lease (it expires on its own): %s", run_id, exc)
+
+    # -- stopping -----------------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        deadline = time.monotonic() + (0.0 if self._hurry else self.drain)
+        if self._running:
+            _log.info("stopping: %d run(s) in flight; waiting up to %.0fs for them", len(self._running),
+                      max(0.0, deadline - time.monotonic()))
+        while self._running and time.monotonic() < deadline and not self._hurry:
+            self._wake.wait(0.1)
+            self._wake.clear()
+        if self._running:
+            self._hand_back()
+        for _ in self._slots:
+            self._inbox.put(None)
+        end = time.monotonic() + 2.0
+        for slot in self._slots:  # a slot stuck in a sync step is a daemon thread: leave it behind
+            slot.join(timeout=max(0.0, end - time.monotonic()))
+        if self.calls is not None:
+            self.calls.close()
+        if self._owns_orc:
+            self.orc.close()
+        _log.info("worker %s stopped: %s", self.owner, self.counts)
+
+    def _hand_back(self) -> None:
+        with self._lock:
+            running = dict(self._running)
+            self._handing_back.update(running)
+        for run_id, (_token, slot) in running.items():
+            self.orc.engine.heartbeat.abandon(run_id)
+            if slot is not None:
+                slot.cancel()
+        end = time.monotonic() + _HAND_BACK_GRACE
+        while self._running and time.monotonic() < end:
+            self._wake.wait(0.05)
+            self._wake.clear()
+        # Still running: stuck in a sync step that cannot be interrupted. Release anyway; a late
+        # append of ours is fenced once another worker has claimed the run.
+        with self._lock:
+            stuck = dict(self._running)
+        for run_id, (token, _slot) in stuck.items():
+            _log.warning("run %s is still in a step; releasing its lease anyway", run_id)
+            self._release(run_id, token)

@@ -1,0 +1,378 @@
+"""Tool calls over HTTP on httpx: idempotency keys, a journal record per request, error mapping,
+and the circuit breaker, for sync (``HttpTool``) and async (``AsyncHttpTool``) steps.
+
+Per request, in this order:
+
+1. build the request; ``idempotency_key()`` is asked for a key and, when it gives one, it is sent
+   as ``Idempotency-Key`` (an explicit header from the caller wins);
+2. ``before(name)`` on the breaker, which may raise ``CircuitOpenError`` (the call then never
+   leaves the process; it is still journaled, with ``"sent": false``);
+3. send, then map the outcome at this boundary. Nothing from httpx leaks except the ``Response``
+   on success (the error is raised ``from None``: a traceback chained to httpx's exception could
+   carry the raw URL, with its secrets, into a log);
+
+   - connect error, timeout, connection dropped: ``RetryableToolError``
+   - 429: ``RetryableToolError`` with ``retry_after`` from ``Retry-After`` (seconds or HTTP date)
+   - 5xx: ``RetryableToolError`` (with ``retry_after`` if the server sent one)
+   - 401 / 403: ``PermanentToolError`` whose message says authentication failed
+   - other 4xx, an invalid URL, too many redirects: ``PermanentToolError``
+
+4. ``after(name, ok)`` on the breaker: a retryable failure counts against it; a success *and* a
+   permanent error count as successes, because the server answered and the fault is the
+   caller's (a 404 must not trip the breaker for everybody);
+5. ``journal(record)`` with the redacted record (always, even when step 4 raised).
+
+The journal record (JSON-able; every string in it has been through the ``Redactor``)::
+
+    {"type": "http", "tool": breaker name, "method", "url", "status": int | None, "ms", "attempt",
+     "idempotency_key", "sent": bool, "request": {"headers", "body"}, "response": {"headers", "body"} | None,
+     "error": {"type", "message", "retry_after"?} | None}
+
+where a body is ``None`` (empty) or ``{"text", "size": full bytes, "truncated": bool}``, its text
+cut to ``max_body`` bytes and ending in ``…[truncated: N bytes total]`` when cut. ``attempt`` is
+``attempt()`` if given, else how many times this tool has sent that idempotency key.
+
+The breaker is named per host (``host`` or ``host:port``) unless the tool or the call names one
+(``breaker="payments"``). It is given as a pair ``(before, after)`` of callables taking the name;
+``StoreBreakers.hooks(...)`` builds that pair over the shared store.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import inspect
+import math
+import threading
+import time
+from collections.abc import Callable
+from datetime import timezone
+from typing import Any
+
+import httpx
+
+from orchestrator.payload.redact import Redactor
+from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError, ToolError
+
+__all__ = ["HttpTool", "AsyncHttpTool", "HttpVerbs", "parse_retry_after"]
+
+BreakerHooks = tuple[Callable[[str], Any], Callable[[str, bool], Any]]
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+_SEND_OPTIONS = ("auth", "follow_redirects")  # client.send() options; the rest build the request
+_SNIPPET = 200  # characters of a failed response's body quoted in the error message
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delay-seconds or an HTTP date (None if neither)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)  # HTTP dates are GMT
+    return max(0.0, when.timestamp() - now)
+
+
+def _raw(headers: httpx.Headers) -> list[tuple[str, str]]:
+    # As sent and received (httpx's items() lower-cases names; the audit should show them as they were).
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.raw]
+
+
+def _breaker_name(url: httpx.URL) -> str:
+    return f"{url.host}:{url.port}" if url.port else url.host
+
+
+class HttpVerbs:
+    """``get``/``post``/``put``/``patch``/``delete`` over ``self.request``, as in httpx. For an async
+    tool they return ``request``'s awaitable, so ``await tool.get(url)`` works the same."""
+
+    request: Any
+
+    def get(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("POST", url, **kwargs)
+
+    def put(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("PUT", url, **kwargs)
+
+    def patch(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("PATCH", url, **kwargs)
+
+    def delete(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("DELETE", url, **kwargs)
+
+
+class _Base:
+    def __init__(self, *, journal: Callable[[dict[str, Any]], Any] | None = None,
+                 idempotency_key: Callable[[], str | None] | None = None,
+                 breaker: BreakerHooks | None = None, breaker_name: str | None = None,
+                 redactor: Redactor | None = None, max_body: int = 8192,
+                 attempt: Callable[[], int] | None = None, clock: Callable[[], float] = time.time) -> None:
+        if breaker is not None and not (isinstance(breaker, tuple) and len(breaker) == 2
+                                        and all(callable(f) for f in breaker)):
+            raise TypeError(f"breaker must be a (before(name), after(name, ok)) pair of callables, got {breaker!r}")
+        if not isinstance(max_body, int) or max_body < 0:
+            raise ValueError(f"max_body must be an integer >= 0 (bytes), got {max_body!r}")
+        self._journal = journal
+        self._key = idempotency_key
+        self._breaker = breaker
+        self.breaker_name = breaker_name
+        self.redactor = redactor or Redactor()
+        self.max_body = max_body
+        self._attempt = attempt
+        self._clock = clock
+        self._sends: dict[str, int] = {}  # sends per idempotency key: the attempt number by default
+        self._lock = threading.Lock()
+
+    # -- before sending ---------------------------------------------------------------------------
+
+    def _build(self, client: httpx.Client | httpx.AsyncClient, method: str, url: Any,
+               kwargs: dict[str, Any], breaker: str | None) -> tuple[httpx.Request, dict[str, Any], str, str | None]:
+        send = {k: kwargs.pop(k) for k in _SEND_OPTIONS if k in kwargs}
+        try:
+            request = client.build_request(method, url, **kwargs)
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            shown = self.redactor.url(str(url))
+            raise PermanentToolError(f"{method.upper()} {shown}: invalid URL ({self.redactor.text(str(exc))})",
+                                     tool=breaker or self.breaker_name) from None
+        if request.url.scheme not in ("http", "https") or not request.url.host:
+            # Refused here, before the breaker: a malformed URL says nothing about any server's health.
+            raise PermanentToolError(f"{method.upper()} {self.redactor.url(str(url))}: not an http(s) URL with a host",
+                                     tool=breaker or self.breaker_name)
+        key = self._key() if self._key is not None else None
+        if key and "idempotency-key" not in request.headers:
+            request.headers["Idempotency-Key"] = key
+        name = breaker or self.breaker_name or _breaker_name(request.url)
+        return request, send, name, key
+
+    def _attempt_number(self, key: str | None) -> int:
+        if self._attempt is not None:
+            return self._attempt()
+        if key is None:
+            return 1
+        with self._lock:
+            self._sends[key] = self._sends.get(key, 0) + 1
+            return self._sends[key]
+
+    # -- mapping the outcome ------------------------------------------------------------------
+
+    def _where(self, request: httpx.Request) -> str:
+        return f"{request.method} {self.redactor.url(str(request.url))}"
+
+    def _error_for_exception(self, exc: Exception, request: httpx.Request, name: str) -> ToolError:
+        where, cause = self._where(request), self.redactor.text(str(exc)) or type(exc).__name__
+        timeouts = request.extensions.get("timeout", {})
+        if isinstance(exc, httpx.ConnectTimeout):
+            return RetryableToolError(f"{where}: connecting timed out after {timeouts.get('connect')}s", tool=name)
+        if isinstance(exc, httpx.ReadTimeout):
+            return RetryableToolError(f"{where}: no response within {timeouts.get('read')}s (read timeout)", tool=name)
+        if isinstance(exc, httpx.TimeoutException):
+            return RetryableToolError(f"{where}: timed out ({type(exc).__name__}: {cause})", tool=name)
+        if isinstance(exc, httpx.ConnectError):
+            return RetryableToolError(f"{where}: cannot connect to {request.url.netloc.decode()} ({cause})", tool=name)
+        if isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError)):
+            # The request may have reached the server: retrying is safe only with the idempotency key.
+            return RetryableToolError(f"{where}: connection failed mid-request ({type(exc).__name__}: {cause})",
+                                      tool=name)
+        if isinstance(exc, httpx.TooManyRedirects):
+            return PermanentToolError(f"{where}: too many redirects", tool=name)
+        return PermanentToolError(f"{where}: {type(exc).__name__}: {cause}", tool=name)
+
+    def _error_for_response(self, response: httpx.Response, request: httpx.Request, name: str) -> ToolError | None:
+        status = response.status_code
+        if status < 400:
+            return None
+        where = self._where(request)
+        phrase = f"{status} {response.reason_phrase}".strip()
+        snippet = self.redactor.body(self._decode(response.content) or "", response.headers.get("content-type"))
+        detail = f": {snippet[:_SNIPPET]}" if snippet else ""
+        if status == 429 or status >= 500:
+            retry_after = parse_retry_after(response.headers.get("retry-after"), self._clock())
+            wait = f" (retry after {retry_after:g}s)" if retry_after is not None else ""
+            return RetryableToolError(f"{where} -> {phrase}{wait}{detail}", tool=name, status=status,
+                                      retry_after=retry_after)
+        if status in (401, 403):
+            what = "authentication failed" if status == 401 else "not authorised (forbidden)"
+            return PermanentToolError(
+                f"{where} -> {phrase}: {what}; check the credentials for {request.url.host}{detail}",
+                tool=name, status=status)
+        return PermanentToolError(f"{where} -> {phrase}{detail}", tool=name, status=status)
+
+    # -- the journal record -------------------------------------------------------------------
+
+    @staticmethod
+    def _decode(content: bytes) -> str | None:
+        try:
+            return content.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def _body(self, content: bytes | None, content_type: str | None) -> dict[str, Any] | None:
+        if not content:
+            return None
+        size = len(content)
+        text = self._decode(content)
+        if text is None:
+            return {"text": f"[binary: {size} bytes]", "size": size, "truncated": False}
+        # Redact first, then cut: a secret cut short of its pattern would leak its prefix.
+        clean = self.redactor.body(text, content_type).encode("utf-8")
+        if len(clean) <= self.max_body:
+            return {"text": clean.decode("utf-8"), "size": size, "truncated": False}
+        cut = clean[: self.max_body].decode("utf-8", errors="ignore")
+        return {"text": f"{cut}…[truncated: {size} bytes total]", "size": size, "truncated": True}
+
+    def _request_body(self, request: httpx.Request) -> dict[str, Any] | None:
+        try:
+            content = request.content
+        except httpx.RequestNotRead:
+            return {"text": "[streamed body not recorded]", "size": None, "truncated": False}
+        return self._body(content, request.headers.get("content-type"))
+
+    def _record(self, request: httpx.Request, name: str, key: str | None, attempt: int, started: float,
+                response: httpx.Response | None, error: BaseException | None, sent: bool) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "type": "http",
+            "tool": name,
+            "method": request.method,
+            "url": self.redactor.url(str(request.url)),
+            "status": response.status_code if response is not None else None,
+            "ms": round((time.perf_counter() - started) * 1000, 2),
+            "attempt": attempt,
+            "idempotency_key": key,
+            "sent": sent,
+            "request": {"headers": self.redactor.headers(_raw(request.headers)),
+                        "body": self._request_body(request)},
+            "response": None,
+            "error": None,
+        }
+        if response is not None:
+            record["response"] = {
+                "headers": self.redactor.headers(_raw(response.headers)),
+                "body": self._body(response.content, response.headers.get("content-type")),
+            }
+        if error is not None:
+            record["error"] = {"type": type(error).__name__, "message": self.redactor.text(str(error))}
+            if isinstance(error, RetryableToolError) and error.retry_after is not None:
+                record["error"]["retry_after"] = error.retry_after
+        return record
+
+
+class HttpTool(HttpVerbs, _Base):
+    """Synchronous HTTP tool calls; methods mirror httpx and return the ``httpx.Response``."""
+
+    def __init__(self, *, client: httpx.Client | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self._owns_client = client is None
+        self.client = client if client is not None else httpx.Client(timeout=DEFAULT_TIMEOUT)
+
+    def request(self, method: str, url: Any, *, breaker: str | None = None, **kwargs: Any) -> httpx.Response:
+        request, send, name, key = self._build(self.client, method, url, kwargs, breaker)
+        attempt, started = self._attempt_number(key), time.perf_counter()
+        if self._breaker is not None:
+            try:
+                self._breaker[0](name)
+            except CircuitOpenError as exc:
+                self._emit(self._record(request, name, key, attempt, started, None, exc, sent=False))
+                raise
+        response: httpx.Response | None = None
+        try:
+            response = self.client.send(request, **send)
+        except httpx.HTTPError as exc:
+            error: ToolError | None = self._error_for_exception(exc, request, name)
+        except BaseException as exc:  # not the tool's fault (e.g. interrupted): journal, do not judge
+            self._emit(self._record(request, name, key, attempt, started, None, exc, sent=True))
+            raise
+        else:
+            error = self._error_for_response(response, request, name)
+        record = self._record(request, name, key, attempt, started, response, error, sent=True)
+        try:
+            if self._breaker is not None:
+                self._breaker[1](name, not isinstance(error, RetryableToolError))
+        finally:
+            self._emit(record)
+        if error is not None:
+            raise error from None
+        assert response is not None
+        return response
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self._journal is not None:
+            self._journal(record)
+
+    def close(self) -> None:
+        """Close the client if this tool created it (a client passed in belongs to the caller)."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> HttpTool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class AsyncHttpTool(HttpVerbs, _Base):
+    """Asynchronous twin of ``HttpTool``; breaker hooks and ``journal`` may be sync or async."""
+
+    def __init__(self, *, client: httpx.AsyncClient | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self._owns_client = client is None
+        self.client = client if client is not None else httpx.AsyncClient(timeout=DEFAULT_TIMEOUT)
+
+    async def request(self, method: str, url: Any, *, breaker: str | None = None, **kwargs: Any) -> httpx.Response:
+        request, send, name, key = self._build(self.client, method, url, kwargs, breaker)
+        attempt, started = self._attempt_number(key), time.perf_counter()
+        if self._breaker is not None:
+            try:
+                await _maybe_await(self._breaker[0](name))
+            except CircuitOpenError as exc:
+                await self._emit(self._record(request, name, key, attempt, started, None, exc, sent=False))
+                raise
+        response: httpx.Response | None = None
+        try:
+            response = await self.client.send(request, **send)
+        except httpx.HTTPError as exc:
+            error: ToolError | None = self._error_for_exception(exc, request, name)
+        except BaseException as exc:  # cancelled or interrupted: journal, do not judge the tool
+            await self._emit(self._record(request, name, key, attempt, started, None, exc, sent=True))
+            raise
+        else:
+            error = self._error_for_response(response, request, name)
+        record = self._record(request, name, key, attempt, started, response, error, sent=True)
+        try:
+            if self._breaker is not None:
+                await _maybe_await(self._breaker[1](name, not isinstance(error, RetryableToolError)))
+        finally:
+            await self._emit(record)
+        if error is not None:
+            raise error from None
+        assert response is not None
+        return response
+
+    async def _emit(self, record: dict[str, Any]) -> None:
+        if self._journal is not None:
+            await _maybe_await(self._journal(record))
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncHttpTool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
