@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 from orchestrator import Orchestrator  # noqa: E402
 from orchestrator.payload import codec  # noqa: E402
 from orchestrator.cli.audit import _show_lines  # noqa: E402
-from orchestrator.engine.fold import fold  # noqa: E402
+from orchestrator.engine import fold  # noqa: E402
 from workflows import END, Workflow, reducers  # noqa: E402
 
 FULL = {"runs": 100_000, "report_steps": 1000, "reps": 15}

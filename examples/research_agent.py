@@ -36,7 +36,8 @@ from pydantic import Field
 from orchestrator import Orchestrator
 from workflows import END, Retry, Workflow
 
-from orchestrator import LLM, ChatServer, Prompt, ToolRegistry, run_tool_loop
+from orchestrator.agents import LLM, Prompt, run_tool_loop, ToolRegistry
+from orchestrator.testing import ChatServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from booking_service import BookingService  # noqa: E402  (the example's own local service)

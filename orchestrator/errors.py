@@ -9,10 +9,12 @@
      ├── EncodingError           a value cannot be journaled as JSON (names where it is and its type)
      ├── StepTimeoutError        a step ran longer than its timeout
      ├── LoopLimitError          a step would run more often than its max_visits bound
+     │    └── ToolLoopLimitError the model kept calling tools for max_iterations calls without answering
      ├── RunStateError           the run's status does not allow the operation (e.g. cancel a finished run)
      ├── RunFailedError          raised by ``RunResult.raise_for_status()`` for a run that did not complete
      ├── InDoubtError            an effect may or may not have happened and can be neither checked nor re-sent
      ├── WaitTimeoutError        ctx.wait_for's timeout passed before the signal arrived (also a TimeoutError)
+     ├── PromptError             a prompt template cannot be loaded, parsed or rendered
      ├── ReplayError             replaying against a cassette went wrong
      │    ├── ReplayMismatchError  the request made differs from the one recorded (the message shows the diff)
      │    └── ReplayMissingError   the cassette holds no response for this call
@@ -32,6 +34,8 @@ __all__ = [
     "EncodingError",
     "StepTimeoutError",
     "LoopLimitError",
+    "ToolLoopLimitError",
+    "PromptError",
     "RunStateError",
     "RunFailedError",
     "InDoubtError",
@@ -81,6 +85,14 @@ class StepTimeoutError(OrchestratorError):
 
 class LoopLimitError(OrchestratorError):
     """A step would run more often than its ``max_visits`` bound."""
+
+
+class ToolLoopLimitError(LoopLimitError):
+    """The model kept calling tools for ``max_iterations`` model calls without giving an answer."""
+
+
+class PromptError(OrchestratorError):
+    """A prompt template cannot be loaded, parsed or rendered (names the template and the problem)."""
 
 
 class RunStateError(OrchestratorError):

@@ -214,25 +214,28 @@ class _Base:
         return self._breaker if isinstance(self._breaker, str) else f"llm:{self.provider}"
 
     def _tool_options(self, ctx: Any) -> dict[str, Any]:
-        """HttpTool options: the breaker hooks (the engine's store-backed breakers) and redactor."""
+        """HttpTool options: the breaker hooks (the step's store-backed breakers) and redactor."""
         step_tools = None
-        if ctx is not None and hasattr(ctx, "_step_tools"):
+        if ctx is not None and hasattr(ctx, "tools"):
             try:
-                step_tools = ctx._step_tools("llm")
+                step_tools = ctx.tools
             except RuntimeError:
                 step_tools = None  # a context outside an Orchestrator: no engine breakers
         name = self._breaker_name()
-        options: dict[str, Any] = {"redactor": step_tools.tools.redactor if step_tools else Redactor(),
+        options: dict[str, Any] = {"redactor": step_tools.redactor if step_tools else Redactor(),
                                    "breaker_name": name or "llm"}
-        breakers = self._breakers or (step_tools.tools.breakers if step_tools else None)
-        if name is not None and breakers is not None:
-            if isinstance(self._breaker, BreakerConfig):
-                config_for: Any = lambda _name: self._breaker  # noqa: E731
-            elif step_tools is not None:
-                config_for = step_tools.tools.registry.config_for
-            else:
-                config_for = lambda n: BreakerConfig(name=n)  # noqa: E731
-            options["breaker"] = breakers.hooks(config_for, step_tools.transitions.append if step_tools else None)
+        if name is None:
+            return options
+        breakers = self._breakers or (step_tools.box.breakers if step_tools else None)
+        if breakers is None:
+            return options
+        if isinstance(self._breaker, BreakerConfig):
+            config_for: Any = lambda _name: self._breaker  # noqa: E731
+        elif step_tools is not None:
+            config_for = step_tools.box.registry.config_for
+        else:
+            config_for = lambda n: BreakerConfig(name=n)  # noqa: E731
+        options["breaker"] = breakers.hooks(config_for, step_tools.transitions.append if step_tools else None)
         return options
 
     def _wait(self, state: RetryCallState) -> float:

@@ -31,16 +31,12 @@ from typing import Any
 import jinja2
 import jinja2.meta
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import PromptError
 
 __all__ = ["Prompt", "Prompts", "RenderedPrompt", "PromptError"]
 
 _MAX_MISSING = 100  # names reported at most (each costs a trial render)
 _UNDEFINED_NAME = re.compile(r"^'([A-Za-z_][A-Za-z0-9_]*)' is undefined$")
-
-
-class PromptError(OrchestratorError):
-    """A prompt template cannot be loaded, parsed or rendered (names the template and the problem)."""
 
 
 class RenderedPrompt(str):

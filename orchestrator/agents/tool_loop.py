@@ -63,16 +63,12 @@ from typing import Any
 
 import pydantic
 
-from orchestrator.errors import LoopLimitError, ToolError
+from orchestrator.errors import ToolError, ToolLoopLimitError
 
 __all__ = ["ToolRegistry", "AgentTool", "ToolContext", "LoopResult", "ToolLoopLimitError",
            "run_tool_loop", "arun_tool_loop", "TOOL_EFFECTS"]
 
 TOOL_EFFECTS = "tool_effects"  # the update field listing a loop's completed effect tools
-
-
-class ToolLoopLimitError(LoopLimitError):
-    """The model kept calling tools for ``max_iterations`` model calls without giving an answer."""
 
 
 @dataclass(slots=True)
@@ -90,14 +86,13 @@ class ToolContext:
         if self.idempotency_key is None:
             return self.step.http
         if self._sub is None:
-            shared = self.step._step_tools("tool http").tools
-            self._sub = shared.for_step(self.idempotency_key, self.step.attempt)
+            self._sub = self.step.tools.with_key(self.idempotency_key)
         return self._sub.http
 
     def _merge(self) -> None:
         """The tool's HTTP records and breaker transitions join the step's journal event."""
         if self._sub is not None:
-            mine = self.step._step_tools("tool http")
+            mine = self.step.tools
             mine.calls.extend(self._sub.calls)
             mine.transitions.extend(self._sub.transitions)
             self._sub = None

@@ -1,48 +1,51 @@
 """Reading runs for audit: listing, history, summaries, verification, forks, reports and retention.
 
-``AuditMixin`` is mixed into ``Orchestrator``; it uses only ``self.store``, ``self.engine`` (for the
-injected clock) and the Orchestrator's workflow lookup. It never drives a run: ``fork`` journals a
-new pending run that ``resume`` drives, and ``gc`` only deletes finished runs.
+``Audit`` is the Orchestrator's reading part (``orc.audit``; the Orchestrator keeps short methods
+delegating to it). It is given the store, the workflow registry, the injected clock and, for
+``fork``, the engine's way of creating a run. It never drives a run: ``fork`` journals a new
+pending run that ``resume`` drives, and ``gc`` only deletes finished runs.
 
 The interpretation of a journal lives in small pure modules, so the CLI, the report and the tests
-share one reading: ``_summary`` (what a run did), ``_verify`` (does the journal agree with its
-snapshots), ``_fork`` (the state before a step), ``_gc`` (what retention may delete), ``_report``
-(the HTML page).
+share one reading: ``summary`` (what a run did), ``verify`` (does the journal agree with its
+snapshots), ``fork`` (the state before a step), ``gc`` (what retention may delete), ``report``
+(the HTML page), ``stats`` (how the cluster is doing).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.payload import codec
-from orchestrator.engine.events import EventKind as K
 from orchestrator.audit.fork import fork_point
 from orchestrator.audit.gc import GC_STATUSES, GcReport, plan_deletions
-from orchestrator.engine.loader import target_of
+from orchestrator.audit.stats import Stats, collect_stats
 from orchestrator.audit.summary import RunSummary, decode_events, summarise
 from orchestrator.audit.verify import VerifyReport, verify_journal
+from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.errors import ConfigurationError, RunStateError
-from store import NewEvent, RunNotFoundError, RunRecord
+from orchestrator.payload import codec
+from store import RunNotFoundError, RunRecord, Store
 
 if TYPE_CHECKING:
     import os
 
-    from orchestrator.engine.driver import Engine
-    from store import Store
-    from workflows import Workflow
+    from orchestrator.engine.journal import ActiveRun
 
-__all__ = ["AuditMixin"]
+__all__ = ["Audit"]
 
 
-class AuditMixin:
-    store: Store
-    engine: Engine
+class Audit:
+    """Reading runs (see the module docstring). ``create_run`` is ``Engine.create``, for forks."""
 
-    if TYPE_CHECKING:  # provided by Orchestrator
-        def _workflow_for(self, rec: RunRecord, *, required: bool = True) -> Workflow | None: ...
+    def __init__(self, store: Store, *, workflows: WorkflowRegistry, clock: Callable[[], float],
+                 create_run: Callable[..., ActiveRun | None]) -> None:
+        self.store = store
+        self.workflows = workflows
+        self.clock = clock
+        self._create_run = create_run
 
     def get_run(self, run_id: str) -> RunRecord:
         return self.store.get_run(run_id)
@@ -66,7 +69,7 @@ class AuditMixin:
         rec = self.store.get_run(run_id)
         snapshots = self.store.snapshots(run_id)
         events = decode_events(self.store.events(run_id))
-        wf = self._workflow_for(rec, required=False)
+        wf = self.workflows.for_run(rec, required=False)
         return summarise(rec, events, snapshots, reduce=wf.reduce if wf else None, keep_states=keep_states)
 
     def verify(self, run_id: str) -> VerifyReport:
@@ -80,7 +83,7 @@ class AuditMixin:
         rec = self.store.get_run(run_id)
         last = events[-1].seq if events else 0
         status = rec.status if self.store.last_seq(run_id) == last else None  # moved on: not comparable
-        wf = self._workflow_for(rec, required=False)
+        wf = self.workflows.for_run(rec, required=False)
         return verify_journal(run_id, events, snapshots, reduce=wf.reduce if wf else None, run_status=status)
 
     def fork(self, parent_id: str, /, *, from_step: str, run_id: str | None = None) -> str:
@@ -94,26 +97,17 @@ class AuditMixin:
         if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
             raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")
         rec = self.store.get_run(parent_id)
-        wf = self._workflow_for(rec)
+        wf = self.workflows.for_run(rec)
         assert wf is not None  # required=True raises instead
         events = [(e.seq, e.kind, codec.loads(e.data)) for e in self.store.events(parent_id)]
         point = fork_point(parent_id, events, from_step, wf.reduce)
         if from_step not in wf.steps:
             raise RunStateError(f"run {parent_id!r} ran step {from_step!r}, but workflow {wf.name!r} no longer has it; "
                                 f"its steps: {', '.join(sorted(wf.steps))}")
-        data = {
-            "workflow": wf.name, "version": wf.version, "fingerprint": wf.fingerprint, "graph": wf.describe(),
-            "target": target_of(wf) or rec.target or None, "input": wf.initial_state(point.state),
-            "start": [from_step], "parent": {"run_id": parent_id, "seq": point.seq, "step": from_step},
-        }
-        text = codec.dumps(data, what=f"fork of run {parent_id!r} at step {from_step!r}")
+        parent = {"run_id": parent_id, "seq": point.seq, "step": from_step}
         new_id = run_id or uuid.uuid4().hex
-        now = self.engine.cfg.clock()
-        self.store.create_run(
-            run_id=new_id, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
-            target=data["target"] or "", created_at=now, status="pending", parent_run_id=parent_id,
-            events=[NewEvent(seq=1, kind=K.RUN_STARTED, data=text, at=now)],
-        )
+        if self._create_run(wf, point.state, run_id=new_id, lease=False, parent=parent, start=[from_step]) is None:
+            raise RunStateError(f"run {new_id!r} already exists; choose another id for the fork")
         return new_id
 
     def report_html(self, run_id: str) -> str:
@@ -122,7 +116,7 @@ class AuditMixin:
         # and only reports need it.
         from orchestrator.audit.report import render_report
 
-        return render_report(self.summary(run_id, keep_states=True), generated_at=self.engine.cfg.clock())
+        return render_report(self.summary(run_id, keep_states=True), generated_at=self.clock())
 
     def report(self, run_id: str, path: str | os.PathLike[str]) -> Path:
         """Write the run's HTML report to ``path`` (atomically); raises ``OSError`` if it cannot."""
@@ -147,7 +141,7 @@ class AuditMixin:
         store = self.store
         untouched = {s: n for s, n in store.count_by_status().items() if s not in GC_STATUSES}
         finished = store.list_runs(status=GC_STATUSES, limit=None)
-        doomed = plan_deletions(finished, cutoff=None if older_than is None else self.engine.cfg.clock() - older_than)
+        doomed = plan_deletions(finished, cutoff=None if older_than is None else self.clock() - older_than)
         doomed_ids = {r.run_id for r in doomed}
         pruned: list[dict[str, Any]] = []
         if keep_snapshots is not None:
@@ -179,3 +173,15 @@ class AuditMixin:
                 spared, deleted = len(deleted) - len(gone), gone
         return GcReport(dry_run=dry_run, keep_snapshots=keep_snapshots, older_than=older_than,
                         deleted=tuple(deleted), pruned=tuple(pruned), untouched=untouched, spared=spared)
+
+    def stats(self, *, runs: int = 500) -> Stats:
+        """Runs by status, queue depths, recoveries and step latency percentiles (over the newest
+        ``runs`` runs)."""
+        return collect_stats(self.store, now=self.clock(), runs=runs)
+
+    def dead_letters(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's failed recoveries, dead-lettering and retries, oldest first:
+        ``{"at", "owner", "kind", "error", "recoveries", "status"}``."""
+        return [{"at": at, "owner": owner, "kind": kind, "error": json.loads(error) if error else None,
+                 "recoveries": recoveries, "status": status}
+                for at, owner, kind, error, recoveries, status in self.store.failures(run_id)]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.engine.events import EventKind as K
+from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, apply
 from orchestrator.errors import RunStateError
 
@@ -25,7 +25,7 @@ __all__ = ["ForkPoint", "fork_point"]
 def _of_execution(kind: str) -> bool:
     """Events journaled while a step runs (its start, calls, waits, completion or failure), as
     opposed to events that merely name a step afterwards (a run failing, a compensation)."""
-    return kind != K.RUN_FAILED and not kind.startswith(("Saga", "Compensation", "RolledBack"))
+    return kind != EventKind.RUN_FAILED and not kind.startswith(("Saga", "Compensation", "RolledBack"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,17 +20,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.payload import codec
-from orchestrator.engine.journal import snapshot_problem
+from orchestrator.engine.snapshots import snapshot_problem
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
-from orchestrator.engine.events import EventKind as K
+from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, apply
-from orchestrator.engine.saga import SagaKind as S
 from store import RunRecord, SnapshotRecord
 
 __all__ = ["Execution", "RunSummary", "summarise", "decode_events"]
 
 Event = tuple[int, str, float, dict[str, Any]]  # (seq, kind, at, data)
-_STEP_KINDS = (K.STEP_STARTED, K.STEP_COMPLETED, K.STEP_FAILED)
+_STEP_KINDS = (EventKind.STEP_STARTED, EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)
 # A durable call made inside a step (orchestrator.engine.durable): an LLM or tool call with its request and
 # response. Named by its string so that reading old or new journals never depends on that module.
 _CALL_COMPLETED = "CallCompleted"
@@ -201,19 +200,19 @@ class _Builder:
         epoch = rs.epoch if rs is not None else 0
         if kind in _STEP_KINDS:
             self.step_event(seq, kind, at, data, tick, epoch)
-        elif kind == K.RUN_STARTED:
+        elif kind == EventKind.RUN_STARTED:
             self.started = data
-        elif kind == K.RESUMED:
+        elif kind == EventKind.RESUMED:
             self.resumes.append({"seq": seq, "at": at, **data})
-        elif kind == K.SNAPSHOT_REJECTED:
+        elif kind == EventKind.SNAPSHOT_REJECTED:
             self.rejected.append({"event_seq": seq, "at": at, **data})
-        elif kind == K.RUN_FAILED:
+        elif kind == EventKind.RUN_FAILED:
             self.run_failed = (seq, data)
-        elif kind == K.RUN_CANCELLED:
+        elif kind == EventKind.RUN_CANCELLED:
             self.cancelled = (seq, data)
-        elif kind.startswith(("Saga", "Compensation")) or kind == S.ROLLED_BACK:
+        elif kind.startswith(("Saga", "Compensation")) or kind == EventKind.ROLLED_BACK:
             self.saga_event(seq, kind, at, data)
-        elif kind == K.RUN_COMPLETED:
+        elif kind == EventKind.RUN_COMPLETED:
             pass
         elif "breaker" in kind.lower() or "circuit" in kind.lower():
             self.breakers.append({"seq": seq, "at": at, "kind": kind, "step": data.get("step"),
@@ -243,7 +242,7 @@ class _Builder:
             self.notes.append(f"the fold stopped at seq {seq} ({kind}): {exc}; `agentsaga verify` says more")
             self.rs = None
             return
-        if (rs.tick, rs.epoch, rs.state_seq) != before or kind == K.RUN_STARTED:
+        if (rs.tick, rs.epoch, rs.state_seq) != before or kind == EventKind.RUN_STARTED:
             if rs.frontier and rs.status in ("running", "pending"):
                 self.ticks.append({"tick": rs.tick, "epoch": rs.epoch, "steps": list(rs.frontier), "seq": seq})
             if self.keep_states:
@@ -273,10 +272,10 @@ class _Builder:
                 self.breakers.append({"seq": seq, "at": at, "kind": "BreakerTransition", "step": step,
                                       "message": f"{t.get('breaker')}: {t.get('from')} -> {t.get('to')}"
                                                  + (f" ({t['reason']})" if t.get("reason") else "")})
-        if kind == K.STEP_STARTED:
+        if kind == EventKind.STEP_STARTED:
             x.effect = x.effect or bool(data.get("key"))
             return
-        if kind == K.STEP_FAILED:
+        if kind == EventKind.STEP_FAILED:
             failure = {"seq": seq, "at": at, "attempt": data.get("attempt"), "error": data.get("error") or {},
                        "retry_in": data.get("retry_in"), "final": bool(data.get("final"))}
             x.failures.append(failure)
@@ -322,24 +321,24 @@ class _Builder:
 
     def saga_event(self, seq: int, kind: str, at: float, data: dict[str, Any]) -> None:
         effect = self.effects.get(data.get("effect", -1)) if "effect" in data else None
-        if kind == S.COMPENSATION_STARTED and effect is not None:
+        if kind == EventKind.COMPENSATION_STARTED and effect is not None:
             effect["attempts"] = max(effect["attempts"], int(data.get("attempt") or 1))
             effect["status"] = "compensating"
-        elif kind == S.COMPENSATION_COMPLETED and effect is not None:
+        elif kind == EventKind.COMPENSATION_COMPLETED and effect is not None:
             effect.update(status="compensated", undone_seq=seq, undo_result=data.get("result"),
                           undo_trace=list(data.get("trace") or []))
-        elif kind == S.COMPENSATION_FAILED and effect is not None:
+        elif kind == EventKind.COMPENSATION_FAILED and effect is not None:
             effect["errors"].append({"seq": seq, "at": at, "attempt": data.get("attempt"),
                                      "error": data.get("error") or {}, "retry_in": data.get("retry_in"),
                                      "final": bool(data.get("final"))})
             effect["status"] = "compensation failed" if data.get("final") else "retrying"
-        elif kind == S.SAGA_FAILED:
+        elif kind == EventKind.SAGA_FAILED:
             self.saga_failed = (seq, data)
-        if kind == S.ROLLED_BACK:
+        if kind == EventKind.ROLLED_BACK:
             for x in self.open.values():  # their tick was rolled back: they will not end
                 x.outcome = "abandoned"
             self.open.clear()
-        if kind in (S.SAGA_STARTED, S.SAGA_COMPLETED, S.SAGA_FAILED, S.SAGA_RETRIED, S.ROLLED_BACK):
+        if kind in (EventKind.SAGA_STARTED, EventKind.SAGA_COMPLETED, EventKind.SAGA_FAILED, EventKind.SAGA_RETRIED, EventKind.ROLLED_BACK):
             entry = {"seq": seq, "at": at, "kind": kind}
             entry.update({k: v for k, v in data.items() if k != "restore"})  # the checkpoint is bulky
             self.sagas.append(entry)
@@ -388,7 +387,7 @@ class _Builder:
         cause = self.run_failed
         if cause is None:
             for saga in self.sagas:
-                if saga["kind"] == S.SAGA_STARTED and saga.get("reason") == "failure":
+                if saga["kind"] == EventKind.SAGA_STARTED and saga.get("reason") == "failure":
                     cause = (saga["seq"], saga)
         if cause is not None:
             seq, data = cause

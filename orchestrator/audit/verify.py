@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.payload import codec
-from orchestrator.engine.journal import snapshot_problem
+from orchestrator.engine.snapshots import snapshot_problem
 from orchestrator.engine.events import TERMINAL_STATUSES
-from orchestrator.engine.events import EventKind as K
+from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, apply
 from store import EventRecord, SnapshotRecord
 
@@ -121,7 +121,7 @@ def verify_journal(
     stopped: int | None = None
     for index, event in enumerate(events):
         seq = event.seq
-        if index == 0 and (seq != 1 or event.kind != K.RUN_STARTED):
+        if index == 0 and (seq != 1 or event.kind != EventKind.RUN_STARTED):
             problems.append(VerifyProblem("journal", seq, f"the journal must open with RunStarted at seq 1, "
                                                           f"found {event.kind} at seq {seq}"))
         try:

@@ -64,10 +64,8 @@ def parse_duration(text: str | None, what: str) -> float | None:
 
 def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = ()) -> Orchestrator:
     """The Orchestrator a verb works with; progress lines on when asked or when stderr is a terminal."""
-    orc = Orchestrator(args.db, workflows=workflows)
-    if getattr(args, "progress", False) or (hasattr(args, "progress") and sys.stderr.isatty()):
-        orc.engine.on_event = Progress(sys.stderr)
-    return orc
+    progress = getattr(args, "progress", False) or (hasattr(args, "progress") and sys.stderr.isatty())
+    return Orchestrator(args.db, workflows=workflows, observers=[Progress(sys.stderr)] if progress else ())
 
 
 def add_progress_flag(parser: argparse.ArgumentParser) -> None:

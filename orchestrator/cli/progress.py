@@ -1,6 +1,6 @@
 """Progress lines while a run executes: one per finished step, failed attempt, compensation and end.
 
-Hooked into ``Engine.on_event`` by the CLI (``--progress``, or by default when stderr is a
+An observer given to the Orchestrator by the CLI (``--progress``, or by default when stderr is a
 terminal). It runs after each commit, so a line is only printed for what is durable. The engine
 pays one ``if`` per commit when progress is off; when on, only the events shown are decoded.
 """
@@ -14,6 +14,7 @@ from typing import TextIO
 from orchestrator.payload import codec
 from orchestrator.audit.describe import headline
 from orchestrator.cli.term import clip
+from orchestrator.engine.journal import ActiveRun
 from store import NewEvent
 
 __all__ = ["Progress"]
@@ -25,14 +26,15 @@ _SHOWN = frozenset({
 
 
 class Progress:
-    """``on_event(run_id, events)`` callable printing to ``stream`` (stderr by default)."""
+    """An observer ``(run, events)`` printing to ``stream`` (stderr by default)."""
 
     def __init__(self, stream: TextIO | None = None, *, width: int = 160) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.width = width
         self.started = time.monotonic()
 
-    def __call__(self, run_id: str, events: list[NewEvent]) -> None:
+    def __call__(self, run: ActiveRun, events: list[NewEvent]) -> None:
+        run_id = run.run_id
         try:
             for event in events:
                 if event.kind not in _SHOWN:

@@ -1,6 +1,6 @@
 """OpenTelemetry spans per run and per step: optional (``pip install 'agentsaga[otel]'``), off by default.
 
-``enable_tracing(orc)`` (``Worker(..., tracing=True)``, ``agentsaga worker --otel``) makes
+``Orchestrator(observers=[Tracing()])`` (``Worker(..., tracing=True)``, ``agentsaga worker --otel``) makes
 
 - a span ``agentsaga.run <workflow>`` each time a process drives a run (from its ``RunStarted`` or
   ``Resumed`` until it ends, parks to wait, or the process lets it go), with the run id, workflow,
@@ -8,7 +8,7 @@
 - a child span ``agentsaga.step <step>`` per ``StepCompleted`` / ``StepFailed``, with the step, tick,
   attempt and, for failures, the error (span status ERROR).
 
-Step spans are made from the journal's events as they are committed (``engine.on_event``), timed
+Step spans are made from the journal's events as they are committed (an Orchestrator observer), timed
 by the step's own measured ``ms``, so the engine carries no tracing code and a span says exactly
 what the journal says. The tracer comes from the global provider unless one is passed: configure
 the SDK and an exporter as usual. Nothing is imported from OpenTelemetry unless tracing is enabled.
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from orchestrator._orchestrator import Orchestrator
+    from orchestrator.engine.journal import ActiveRun
     from store import NewEvent
 
-__all__ = ["Tracing", "enable_tracing"]
+__all__ = ["Tracing"]
 
 _STARTS = frozenset({"RunStarted", "Resumed"})
 # After these the process stops driving the run: it ended, or it parks until a signal or a timer.
@@ -41,7 +41,7 @@ def _ns(seconds: float) -> int:
 
 
 class Tracing:
-    def __init__(self, tracer_provider: Any = None) -> None:
+    def __init__(self, tracer_provider: Any = None, *, owner: str | None = None) -> None:
         try:
             from opentelemetry import trace
         except ImportError:
@@ -51,22 +51,14 @@ class Tracing:
         self.tracer = trace.get_tracer("agentsaga", tracer_provider=tracer_provider)
         self._runs: dict[str, tuple[Any, str]] = {}  # run_id -> (span, workflow)
         self._lock = threading.Lock()
-        self.owner: str | None = None
-        self._store: Any = None
+        #: the lease owner named on run spans (the Orchestrator's ``owner``)
+        self.owner = owner
+        self._workflows: dict[str, str] = {}  # run_id -> workflow name, from the runs observed
 
-    def install(self, orc: Orchestrator) -> Tracing:
-        """Chain onto ``orc.engine.on_event`` (keeping whatever was there, e.g. progress lines)."""
-        previous = orc.engine.on_event
-        self.owner = orc.owner
-        self._store = orc.store
-
-        def on_event(run_id: str, events: list[NewEvent]) -> None:
-            self.on_event(run_id, events)
-            if previous is not None:
-                previous(run_id, events)
-
-        orc.engine.on_event = on_event
-        return self
+    def __call__(self, run: ActiveRun, events: list[NewEvent]) -> None:
+        """The observer hook (``Orchestrator(observers=[tracing])``): spans from committed events."""
+        self._workflows[run.run_id] = run.workflow.name
+        self.on_event(run.run_id, events)
 
     # -- run spans --------------------------------------------------------------------------------
     def start_run(self, run_id: str, workflow: str, at: float, *, token: int | None = None) -> None:
@@ -109,7 +101,7 @@ class Tracing:
         found = self._runs.get(run_id)
         if found is not None:
             return found[1]
-        return self._store.get_run(run_id).workflow if self._store is not None else "?"
+        return self._workflows.get(run_id, "?")
 
     def _step(self, run_id: str, kind: str, data: dict[str, Any], at: float) -> None:
         ms = float(data.get("ms") or 0.0)
@@ -130,8 +122,3 @@ class Tracing:
             span.set_attribute("agentsaga.final", bool(data.get("final")))
             span.set_status(trace.Status(trace.StatusCode.ERROR, f"{error.get('type')}: {error.get('message')}"[:500]))
         span.end(end_time=_ns(at))
-
-
-def enable_tracing(orc: Orchestrator, tracer_provider: Any = None) -> Tracing:
-    """Spans per run and step for everything ``orc`` drives (see the module doc)."""
-    return Tracing(tracer_provider).install(orc)

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.engine.services import DurableCalls, StepTools, ToolsForSteps
+
 __all__ = ["StepContext"]
 
 _log = logging.getLogger("agentsaga.step")
@@ -34,10 +36,11 @@ class StepContext:
     - ``ctx.wait_for(name, timeout=None)``: the data of a signal, parking the run until it arrives
     - ``ctx.sleep(seconds)``: a durable timer that survives restarts
     - ``ctx.log``: a logger that tags records with the run and step
+    - ``ctx.tools``: this attempt's tools, for integrations (model clients) that make calls of their own
     """
 
     __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "idempotency_key", "_log", "_trace",
-                 "_clock", "_t0", "tools", "_make_tools", "_runtime")
+                 "_clock", "_t0", "_tools", "_make_tools", "_durable")
 
     def __init__(
         self,
@@ -50,8 +53,8 @@ class StepContext:
         clock: Callable[[], float],
         failure: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
-        make_tools: Any = None,
-        runtime: Any = None,
+        tools: ToolsForSteps | None = None,
+        durable: Callable[[], DurableCalls] | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -61,9 +64,11 @@ class StepContext:
         self.failure = failure
         self.idempotency_key = idempotency_key
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
-        self.tools: Any = None  # created on first use of ctx.http / ctx.ahttp
-        self._make_tools = make_tools
-        self._runtime = runtime
+        self._tools: StepTools | None = None  # made on first use of ctx.http / ctx.ahttp / ctx.tools
+        self._make_tools = tools
+        # Made on first use too: most steps never wait or make durable calls. A compensation or a
+        # check hook has none: its HTTP calls are plain calls.
+        self._durable: Any = durable
         self._trace: list[dict[str, Any]] = []
         self._clock = clock
         self._t0 = time.perf_counter()
@@ -83,55 +88,54 @@ class StepContext:
         self._trace.append(entry)
 
     @property
-    def http(self) -> Any:
-        """Synchronous HTTP tool calls (an ``HttpTool``): ``ctx.http.post(url, json=...)``."""
-        from orchestrator.tools.durable_http import DurableHttp
+    def tools(self) -> StepTools:
+        """This attempt's tools (what ``ctx.http`` and model clients use; their calls are journaled with it)."""
+        if self._tools is None:
+            if self._make_tools is None:
+                raise RuntimeError(f"step {self.step!r}: tools (ctx.http, model calls) are only available inside a "
+                                   "step run by an Orchestrator")
+            durable = self._durable_calls() if self._durable is not None else None
+            self._tools = self._make_tools.for_step(key=self.idempotency_key, attempt=self.attempt, durable=durable)
+        return self._tools
 
-        tools = self._step_tools("ctx.http")
-        if tools.durable_http is None:
-            tools.durable_http = DurableHttp(tools.http, self)
-        return tools.durable_http
+    @property
+    def used_tools(self) -> StepTools | None:
+        """The tools this attempt made, if it used any (for its journal event)."""
+        return self._tools
+
+    @property
+    def http(self) -> Any:
+        """Synchronous HTTP tool calls (``ctx.http.post(url, json=...)``), each response journaled."""
+        return self.tools.http
 
     @property
     def ahttp(self) -> Any:
-        """Async HTTP tool calls (an ``AsyncHttpTool``): ``await ctx.ahttp.post(url, json=...)``."""
-        from orchestrator.tools.durable_http import AsyncDurableHttp
+        """Async HTTP tool calls (``await ctx.ahttp.post(url, json=...)``), each response journaled."""
+        return self.tools.ahttp
 
-        tools = self._step_tools("ctx.ahttp")
-        if tools.durable_ahttp is None:
-            tools.durable_ahttp = AsyncDurableHttp(tools.ahttp, self)
-        return tools.durable_ahttp
-
-    def _step_tools(self, what: str) -> Any:
-        if self.tools is None:
-            if self._make_tools is None:
-                raise RuntimeError(f"{what} is only available inside a step run by an Orchestrator")
-            self.tools = self._make_tools()
-        return self.tools
-
-    def _rt(self, what: str) -> Any:
-        runtime = self._runtime
-        if runtime is None:
+    def _durable_calls(self, what: str = "durable_call") -> Any:
+        durable = self._durable
+        if durable is None:
             raise RuntimeError(f"ctx.{what} is only available inside a step run by an Orchestrator")
-        if callable(runtime):  # built on first use: most steps never wait or make durable calls
-            runtime = self._runtime = runtime()
-        return runtime
+        if callable(durable):  # built on first use
+            durable = self._durable = durable()
+        return durable
 
     def durable_call(self, kind: str, request: Any, perform: Any) -> Any:
         """Perform ``perform()`` once per step execution and request; journal its JSON response."""
-        return self._rt("durable_call").durable_call(kind, request, perform)
+        return self._durable_calls("durable_call").durable_call(kind, request, perform)
 
     async def adurable_call(self, kind: str, request: Any, perform: Any) -> Any:
         """The async twin of ``durable_call``: ``perform`` returns an awaitable."""
-        return await self._rt("adurable_call").adurable_call(kind, request, perform)
+        return await self._durable_calls("adurable_call").adurable_call(kind, request, perform)
 
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         """Return signal ``name``'s data; until it is sent, the run waits (status ``waiting``)."""
-        return self._rt("wait_for").wait_for(name, timeout)
+        return self._durable_calls("wait_for").wait_for(name, timeout)
 
     def sleep(self, seconds: float) -> None:
         """Sleep durably: the run parks and wakes after ``seconds``, even across restarts."""
-        self._rt("sleep").sleep(seconds)
+        self._durable_calls("sleep").sleep(seconds)
 
     def now(self) -> _dt.datetime:
         return _dt.datetime.fromtimestamp(self._clock(), tz=_dt.timezone.utc)

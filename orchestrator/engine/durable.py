@@ -27,27 +27,19 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from orchestrator.payload import codec
-from orchestrator.engine.fold import Reduce, RunState, register_kind
+from orchestrator.engine.events import EventKind
+from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.errors import WaitTimeoutError
+from orchestrator.payload import codec
+from store import Store
 
-if TYPE_CHECKING:
-    from orchestrator.engine.driver import Engine, Live
-
-__all__ = ["DurableKind", "StepRuntime", "Suspend", "FOREVER"]
+__all__ = ["DurableExecution", "Suspend", "FOREVER"]
 
 #: wake_at of a run waiting with no timeout: only a signal wakes it
 FOREVER = 1e18
 _NOT_DONE = object()  # no journaled response for this call yet
-
-
-class DurableKind:
-    CALL_COMPLETED = "CallCompleted"
-    WAIT_STARTED = "WaitStarted"
-    SIGNAL_RECEIVED = "SignalReceived"
-    TIMER_STARTED = "TimerStarted"
 
 
 class Suspend(BaseException):
@@ -60,45 +52,24 @@ class Suspend(BaseException):
         super().__init__(f"{kind} {data.get('step')}")
 
 
-# -- fold ----------------------------------------------------------------------------------------
-def _call_completed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    rs.calls.setdefault(data["step"], {})[str(data["index"])] = {
-        "kind": data["kind"], "request": data["request"], "response": data["response"]}
-
-
-def _wait_started(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    rs.status = "waiting"
-    rs.waits[f"{data['step']}:{data['name']}"] = {"timeout_at": data.get("timeout_at")}
-
-
-def _signal_received(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    rs.received[f"{data['step']}:{data['name']}"] = data.get("data")
-
-
-def _timer_started(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    rs.status = "waiting"
-    rs.timers[f"{data['step']}:{data['index']}"] = data["wake_at"]
-
-
-for _kind, _handler in {
-    DurableKind.CALL_COMPLETED: _call_completed,
-    DurableKind.WAIT_STARTED: _wait_started,
-    DurableKind.SIGNAL_RECEIVED: _signal_received,
-    DurableKind.TIMER_STARTED: _timer_started,
-}.items():
-    register_kind(_kind, _handler)
-
-
 # -- the runtime a step's context talks to ----------------------------------------------------------
-class StepRuntime:
-    """Per step execution: numbers its calls and timers, and journals through the engine."""
+class DurableExecution:
+    """One execution of a step: numbers its durable calls and timers, and journals them.
 
-    def __init__(self, engine: Engine, live: Live, step: str, tick: int) -> None:
-        self.engine = engine
-        self.live = live
+    ``signals`` is where signals wait to be consumed (the store); ``replay`` a cassette answering
+    durable calls instead of the outside world (None: perform them).
+    """
+
+    def __init__(self, journal: JournalWriter, run: ActiveRun, step: str, tick: int, *, signals: Store,
+                 clock: Callable[[], float], replay: Any = None) -> None:
+        self.journal = journal
+        self.run = run
         self.step = step
         self.tick = tick
-        self.visit = live.rs.visits.get(step, 0)
+        self.signals = signals
+        self.clock = clock
+        self.replay = replay
+        self.visit = run.folded.visits.get(step, 0)
         self._calls = 0
         self._timers = 0
 
@@ -112,14 +83,14 @@ class StepRuntime:
         self._calls += 1
         # force=True: the event's redaction may run whatever this request holds (a response can
         # trip the pre-filter), and redaction normalises JSON text: compare like with like.
-        text = self.engine.redact(codec.dumps(dict(request), what=f"request of {kind} call {index} in step "
+        text = self.journal.redact(codec.dumps(dict(request), what=f"request of {kind} call {index} in step "
                                                                        f"{self.step!r}"), force=True)
         journaled_request = codec.loads(text)
-        prior = self.live.rs.calls.get(self.step, {}).get(str(index))
+        prior = self.run.folded.calls.get(self.step, {}).get(str(index))
         if prior is not None and prior["kind"] == kind and prior["request"] == journaled_request:
             return index, journaled_request, prior["response"]
-        if self.engine.replay is not None:  # answered from the cassette, journaled as replayed
-            response = self.engine.replay.lookup(self.step, self.visit, index, kind, journaled_request)
+        if self.replay is not None:  # answered from the cassette, journaled as replayed
+            response = self.replay.lookup(self.step, self.visit, index, kind, journaled_request)
             return index, journaled_request, self._record(kind, index, journaled_request, response, 0.0, True)
         return index, journaled_request, _NOT_DONE
 
@@ -128,8 +99,8 @@ class StepRuntime:
                                 "request": request, "response": response, "ms": round(ms, 3)}
         if replayed:
             data["replayed"] = True
-        self.engine.commit(self.live, [(DurableKind.CALL_COMPLETED, data)])
-        return self.live.rs.calls[self.step][str(index)]["response"]
+        self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, data)])
+        return self.run.folded.calls[self.step][str(index)]["response"]
 
     def durable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Any]) -> Any:
         index, journaled, response = self._prepare(kind, request)
@@ -158,23 +129,22 @@ class StepRuntime:
             raise ValueError(f"wait_for needs a signal name, got {name!r}")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"wait_for timeout must be a number of seconds >= 0, got {timeout!r}")
-        rs, key = self.live.rs, f"{self.step}:{name}"
-        if key in rs.received:
-            return rs.received[key]
-        engine = self.engine
-        pending = engine.store.pending_signals(self.live.run_id, name)
+        folded, key = self.run.folded, f"{self.step}:{name}"
+        if key in folded.received:
+            return folded.received[key]
+        pending = self.signals.pending_signals(self.run.run_id, name)
         if pending:
             signal_id, _, data_text, sent_at = pending[0]
-            engine.commit(self.live, [(DurableKind.SIGNAL_RECEIVED, {
+            self.journal.commit(self.run, [(EventKind.SIGNAL_RECEIVED, {
                 "step": self.step, "tick": self.tick, "name": name, "data": codec.loads(data_text),
                 "signal": signal_id, "sent_at": sent_at})], consume_signals=[signal_id])
-            return rs.received[key]
-        now = engine.cfg.clock()
-        waiting = rs.waits.get(key)
+            return folded.received[key]
+        now = self.clock()
+        waiting = folded.waits.get(key)
         timeout_at = waiting["timeout_at"] if waiting else (now + timeout if timeout is not None else None)
         if timeout_at is not None and now >= timeout_at:
             raise WaitTimeoutError(f"step {self.step!r} waited for signal {name!r} until its timeout")
-        raise Suspend(DurableKind.WAIT_STARTED, {"step": self.step, "tick": self.tick, "name": name,
+        raise Suspend(EventKind.WAIT_STARTED, {"step": self.step, "tick": self.tick, "name": name,
                                                  "timeout_at": timeout_at},
                       FOREVER if timeout_at is None else timeout_at)
 
@@ -184,13 +154,13 @@ class StepRuntime:
             raise ValueError(f"ctx.sleep needs a number of seconds >= 0, got {seconds!r}")
         index = self._timers
         self._timers += 1
-        now = self.engine.cfg.clock()
-        wake_at = self.live.rs.timers.get(f"{self.step}:{index}")
+        now = self.clock()
+        wake_at = self.run.folded.timers.get(f"{self.step}:{index}")
         if wake_at is None:
             wake_at = now + seconds
         elif now >= wake_at:
             return
         if now >= wake_at:  # a zero sleep
             return
-        raise Suspend(DurableKind.TIMER_STARTED, {"step": self.step, "tick": self.tick, "index": index,
+        raise Suspend(EventKind.TIMER_STARTED, {"step": self.step, "tick": self.tick, "index": index,
                                                   "wake_at": wake_at}, wake_at)

@@ -1,7 +1,9 @@
-"""Event kinds: the vocabulary of the journal. The store sees them only as strings and JSON text.
+"""Event kinds: the whole vocabulary of the journal, in one place.
 
-Every event's ``data`` is a JSON object; the fields each kind carries are documented in
-docs/guarantees.md and folded by ``orchestrator.engine.fold.apply``.
+The store sees an event only as a kind string and JSON text; what each kind means is the fold
+table in ``orchestrator/engine/fold.py`` (one handler per kind), and the fields each kind carries
+are listed in docs/guarantees.md. Reading this module and that table tells the whole meaning of a
+journal.
 """
 
 from __future__ import annotations
@@ -12,15 +14,36 @@ __all__ = ["EventKind", "TERMINAL_STATUSES", "ACTIVE_STATUSES"]
 
 
 class EventKind:
-    RUN_STARTED: Final = "RunStarted"
-    RESUMED: Final = "Resumed"
-    STEP_STARTED: Final = "StepStarted"
-    STEP_COMPLETED: Final = "StepCompleted"
-    STEP_FAILED: Final = "StepFailed"
-    SNAPSHOT_REJECTED: Final = "SnapshotRejected"
+    """Every kind of event a run's journal can hold."""
+
+    # -- a run's life ---------------------------------------------------------------------------
+    RUN_STARTED: Final = "RunStarted"            # workflow, version, graph, input, start steps
+    RESUMED: Final = "Resumed"                   # a process took the run over (owner, lease, snapshot used)
+    SNAPSHOT_REJECTED: Final = "SnapshotRejected"  # a snapshot failed verification and was skipped
     RUN_COMPLETED: Final = "RunCompleted"
     RUN_FAILED: Final = "RunFailed"
     RUN_CANCELLED: Final = "RunCancelled"
+
+    # -- steps ----------------------------------------------------------------------------------
+    STEP_STARTED: Final = "StepStarted"          # durable intent (effects): the idempotency key
+    STEP_COMPLETED: Final = "StepCompleted"      # output, trace, routing decision, timings
+    STEP_FAILED: Final = "StepFailed"            # one failed attempt, or the final failure
+
+    # -- inside a step: durable calls, signals, timers ----------------------------------------------
+    CALL_COMPLETED: Final = "CallCompleted"      # call i of a step execution returned (model, tool, http)
+    WAIT_STARTED: Final = "WaitStarted"          # the step waits for a signal; the run parks
+    SIGNAL_RECEIVED: Final = "SignalReceived"    # a signal was consumed by a waiting step
+    TIMER_STARTED: Final = "TimerStarted"        # ctx.sleep: the run parks until the wake-up time
+
+    # -- sagas and rollback ---------------------------------------------------------------------
+    SAGA_STARTED: Final = "SagaStarted"          # reason failure / cancel / rollback; status compensating
+    COMPENSATION_STARTED: Final = "CompensationStarted"
+    COMPENSATION_COMPLETED: Final = "CompensationCompleted"
+    COMPENSATION_FAILED: Final = "CompensationFailed"
+    SAGA_COMPLETED: Final = "SagaCompleted"      # outcome compensated or cancelled
+    SAGA_FAILED: Final = "SagaFailed"            # a compensation kept failing: compensation_failed
+    SAGA_RETRIED: Final = "SagaRetried"          # orc.compensate: try the remaining compensations again
+    ROLLED_BACK: Final = "RolledBack"            # the checkpoint's state is current again
 
 
 #: A run in one of these never runs a step again.

@@ -7,6 +7,9 @@ plain JSON data so that a snapshot is ``canonical_dumps(run_state.to_json())`` a
 
 ``apply`` never calls user code except the workflow's reducers (which must be deterministic); it
 never asks a router: routing decisions are read from the journal (invariant 3).
+
+The fold table at the bottom (``_APPLY``) has one handler per event kind of ``events.EventKind``,
+grouped as the kinds are: a run's life, steps, durable calls and waits inside a step, sagas.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.engine.events import EventKind as K
+from orchestrator.engine.events import EventKind
 
 __all__ = ["RunState", "apply", "fold"]
 
@@ -104,138 +107,226 @@ class RunState:
         return [s for s in self.frontier if s not in self.done]
 
 
-def _run_started(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    rs.status = "running"
-    rs.state = dict(data.get("input") or {})
-    rs.frontier = list(data["start"])
-    rs.state_seq = seq
+def _run_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.status = "running"
+    run.state = dict(data.get("input") or {})
+    run.frontier = list(data["start"])
+    run.state_seq = seq
 
 
-def _step_started(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    rs.in_flight[data["step"]] = dict(data)
+def _step_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.in_flight[data["step"]] = dict(data)
 
 
-def _step_completed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+def _step_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
     if data.get("effect"):
-        rs.effects.append({
-            "seq": seq, "step": step, "tick": rs.tick, "branch": rs.frontier.index(step) if step in rs.frontier else 0,
+        run.effects.append({
+            "seq": seq, "step": step, "tick": run.tick, "branch": run.frontier.index(step) if step in run.frontier else 0,
             "call": -1, "name": step, "key": data["key"], "result": data["update"],
             "compensable": bool(data.get("compensable")), "compensated": False, "attempts": 0,
         })
-    rs.done[step] = {"update": data["update"], "next": list(data["next"]), "join": data.get("join")}
-    rs.failures.pop(step, None)
-    rs.in_flight.pop(step, None)
-    rs.visits[step] = rs.visits.get(step, 0) + 1
-    _forget_step(rs, step)
-    _maybe_advance(rs, seq, reduce)
+    run.done[step] = {"update": data["update"], "next": list(data["next"]), "join": data.get("join")}
+    run.failures.pop(step, None)
+    run.in_flight.pop(step, None)
+    run.visits[step] = run.visits.get(step, 0) + 1
+    _forget_step(run, step)
+    _maybe_advance(run, seq, reduce)
 
 
-def _forget_step(rs: RunState, step: str, *, keep_waits: bool = False) -> None:
+def _forget_step(run: RunState, step: str, *, keep_waits: bool = False) -> None:
     """A step execution ended: its durable calls (and, when it completed, its waits) are done with."""
-    rs.calls.pop(step, None)
-    if keep_waits or not (rs.waits or rs.received or rs.timers):
+    run.calls.pop(step, None)
+    if keep_waits or not (run.waits or run.received or run.timers):
         return
     prefix = step + ":"
-    for table in (rs.waits, rs.received, rs.timers):
+    for table in (run.waits, run.received, run.timers):
         for key in [k for k in table if k.startswith(prefix)]:
             del table[key]
 
 
-def _step_failed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+def _step_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
-    rs.in_flight.pop(step, None)
+    run.in_flight.pop(step, None)
     # A retry reuses the durable calls (and signals) of earlier attempts; a final failure ends them.
     if data.get("final"):
-        _forget_step(rs, step)
+        _forget_step(run, step)
     route = data.get("route")
     if data.get("final") and route:
         # The failure route counts as the step's completion with no update.
-        rs.done[step] = {"update": {}, "next": [route], "join": None}
-        rs.failures.pop(step, None)
-        rs.visits[step] = rs.visits.get(step, 0) + 1
-        rs.routed_errors[route] = {"step": step, **data["error"]}
-        _maybe_advance(rs, seq, reduce)
+        run.done[step] = {"update": {}, "next": [route], "join": None}
+        run.failures.pop(step, None)
+        run.visits[step] = run.visits.get(step, 0) + 1
+        run.routed_errors[route] = {"step": step, **data["error"]}
+        _maybe_advance(run, seq, reduce)
     else:
-        rs.failures[step] = rs.failures.get(step, 0) + 1
+        run.failures[step] = run.failures.get(step, 0) + 1
 
 
-def _maybe_advance(rs: RunState, seq: int, reduce: Reduce) -> None:
+def _maybe_advance(run: RunState, seq: int, reduce: Reduce) -> None:
     """When every step of the tick has completed: merge updates in frontier order, move on."""
-    frontier = rs.frontier
-    done = rs.done
+    frontier = run.frontier
+    done = run.done
     if any(s not in done for s in frontier):
         return
     nxt: list[str] = []
     for step in frontier:
         entry = done[step]
         if entry["update"]:
-            reduce(rs.state, entry["update"])
-        rs.routed_errors.pop(step, None)
+            reduce(run.state, entry["update"])
+        run.routed_errors.pop(step, None)
         for target in entry["next"]:
             if target not in nxt:
                 nxt.append(target)
         for target, sources in (entry.get("join") or {}).items():
-            arrived = rs.arrivals.setdefault(target, [])
+            arrived = run.arrivals.setdefault(target, [])
             if step not in arrived:
                 arrived.append(step)
             if all(s in arrived for s in sources):
-                del rs.arrivals[target]
+                del run.arrivals[target]
                 if target not in nxt:
                     nxt.append(target)
-    rs.frontier = nxt
-    rs.done = {}
-    rs.failures = {}
-    rs.tick += 1
-    rs.state_seq = seq
+    run.frontier = nxt
+    run.done = {}
+    run.failures = {}
+    run.tick += 1
+    run.state_seq = seq
 
 
 def _run_ended(status: str) -> Callable[[RunState, int, Mapping[str, Any], Reduce], None]:
-    def apply_end(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-        rs.status = status
+    def apply_end(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+        run.status = status
         if data.get("error"):
-            rs.error = dict(data["error"])
+            run.error = dict(data["error"])
 
     return apply_end
 
 
-def _resumed(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    if rs.status == "waiting":
-        rs.status = "running"
+def _resumed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    if run.status == "waiting":
+        run.status = "running"
 
 
-def _no_change(rs: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+def _no_change(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     return None
 
 
+
+# -- inside a step: durable calls, signals, timers ------------------------------------------------
+def _call_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.calls.setdefault(data["step"], {})[str(data["index"])] = {
+        "kind": data["kind"], "request": data["request"], "response": data["response"]}
+
+
+def _wait_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.status = "waiting"
+    run.waits[f"{data['step']}:{data['name']}"] = {"timeout_at": data.get("timeout_at")}
+
+
+def _signal_received(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.received[f"{data['step']}:{data['name']}"] = data.get("data")
+
+
+def _timer_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.status = "waiting"
+    run.timers[f"{data['step']}:{data['index']}"] = data["wake_at"]
+
+
+# -- sagas and rollback ---------------------------------------------------------------------------
+def _effect(run: RunState, seq: int) -> dict[str, Any]:
+    for effect in run.effects:
+        if effect["seq"] == seq:
+            return effect
+    raise ValueError(f"the journal compensates an effect at seq {seq} that it never recorded")
+
+
+def _saga_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.status = "compensating"
+    run.saga = dict(data)
+    if data.get("error"):
+        run.error = dict(data["error"])
+
+
+def _compensation_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    _effect(run, data["effect"])["attempts"] += 1
+
+
+def _compensation_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    _effect(run, data["effect"])["compensated"] = True
+
+
+def _saga_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.status = data["outcome"]
+    run.saga = None
+
+
+def _saga_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.status = "compensation_failed"
+    run.error = {"type": data["error"]["type"], "message": f"compensating {data['step']!r}: {data['error']['message']}"}
+
+
+def _saga_retried(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.status = "compensating"
+
+
+#: What a rollback restores from the checkpoint; effects and the epoch carry on.
+_RESTORED = ("state", "tick", "frontier", "done", "failures", "visits", "arrivals", "state_seq", "routed_errors",
+             "in_flight")
+
+
+def _rolled_back(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    restore = data["restore"]
+    keep_effects, epoch = run.effects, run.epoch + 1
+    for name in _RESTORED:
+        setattr(run, name, copy.deepcopy(restore[name]))
+    run.effects, run.epoch = keep_effects, epoch
+    run.status, run.saga, run.error = "running", None, None
+    if data.get("input"):
+        reduce(run.state, data["input"])
+    if data.get("next"):
+        run.frontier, run.done, run.failures = list(data["next"]), {}, {}
+    run.state_seq = seq
+
+
 _APPLY: dict[str, Callable[[RunState, int, Mapping[str, Any], Reduce], None]] = {
-    K.RUN_STARTED: _run_started,
-    K.STEP_STARTED: _step_started,
-    K.STEP_COMPLETED: _step_completed,
-    K.STEP_FAILED: _step_failed,
-    K.RUN_COMPLETED: _run_ended("completed"),
-    K.RUN_FAILED: _run_ended("failed"),
-    K.RUN_CANCELLED: _run_ended("cancelled"),
-    K.RESUMED: _resumed,
-    K.SNAPSHOT_REJECTED: _no_change,
+    # a run's life
+    EventKind.RUN_STARTED: _run_started,
+    EventKind.RESUMED: _resumed,
+    EventKind.SNAPSHOT_REJECTED: _no_change,
+    EventKind.RUN_COMPLETED: _run_ended("completed"),
+    EventKind.RUN_FAILED: _run_ended("failed"),
+    EventKind.RUN_CANCELLED: _run_ended("cancelled"),
+    # steps
+    EventKind.STEP_STARTED: _step_started,
+    EventKind.STEP_COMPLETED: _step_completed,
+    EventKind.STEP_FAILED: _step_failed,
+    # inside a step
+    EventKind.CALL_COMPLETED: _call_completed,
+    EventKind.WAIT_STARTED: _wait_started,
+    EventKind.SIGNAL_RECEIVED: _signal_received,
+    EventKind.TIMER_STARTED: _timer_started,
+    # sagas and rollback
+    EventKind.SAGA_STARTED: _saga_started,
+    EventKind.COMPENSATION_STARTED: _compensation_started,
+    EventKind.COMPENSATION_COMPLETED: _compensation_completed,
+    EventKind.COMPENSATION_FAILED: _no_change,
+    EventKind.SAGA_COMPLETED: _saga_completed,
+    EventKind.SAGA_FAILED: _saga_failed,
+    EventKind.SAGA_RETRIED: _saga_retried,
+    EventKind.ROLLED_BACK: _rolled_back,
 }
 
 
-def register_kind(kind: str, handler: Callable[[RunState, int, Mapping[str, Any], Reduce], None]) -> None:
-    """Let another module of the orchestrator teach fold a new event kind (sagas, signals)."""
-    _APPLY[kind] = handler
-
-
-def apply(rs: RunState, seq: int, kind: str, data: Mapping[str, Any], reduce: Reduce = _replace_all) -> None:
-    """Fold one event into ``rs`` (in place). Events must arrive in seq order without gaps."""
-    if seq != rs.seq + 1:
-        raise ValueError(f"journal gap: expected seq {rs.seq + 1}, got {seq}")
+def apply(run: RunState, seq: int, kind: str, data: Mapping[str, Any], reduce: Reduce = _replace_all) -> None:
+    """Fold one event into ``run`` (in place). Events must arrive in seq order without gaps."""
+    if seq != run.seq + 1:
+        raise ValueError(f"journal gap: expected seq {run.seq + 1}, got {seq}")
     try:
         handler = _APPLY[kind]
     except KeyError:
         raise ValueError(f"unknown event kind {kind!r} at seq {seq}") from None
-    handler(rs, seq, data, reduce)
-    rs.seq = seq
+    handler(run, seq, data, reduce)
+    run.seq = seq
 
 
 def fold(
@@ -245,7 +336,7 @@ def fold(
     start: RunState | None = None,
 ) -> RunState:
     """``fold(events)``; with ``start`` (a restored snapshot) only the later events are folded."""
-    rs = start if start is not None else RunState()
+    run = start if start is not None else RunState()
     for seq, kind, data in events:
-        apply(rs, seq, kind, data, reduce)
-    return rs
+        apply(run, seq, kind, data, reduce)
+    return run

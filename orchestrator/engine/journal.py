@@ -1,112 +1,122 @@
-"""The journal's side of the engine: error records, snapshots, restoring a run, redaction.
+"""Writing a run's journal: the one door through which the engine appends events.
 
-These turn a run's state into journal text and back, and never drive a run: ``restore_run`` is
-``fold(newest verified snapshot + the events after it)`` (invariant 2), ``make_snapshot`` writes the
-canonical text that ``snapshot_problem`` verifies, and ``JournalRedactor`` scrubs every event before
-it is written (invariant 9).
+The driver, the saga runner and durable calls inside steps all journal through one
+``JournalWriter`` and nothing else: it is the narrow object they share instead of the whole engine.
+A commit encodes each event (invariant 8), redacts it (invariant 9), folds it into the run's live
+state with the same ``apply`` that a recovery uses, and appends it in one transaction fenced by
+the run's lease token (invariant 6). When the batch empties the frontier, ``RunCompleted`` joins
+the same transaction; a terminal event sets the run's status and releases the lease in it too; a
+snapshot is written in the same transaction every ``snapshot_every`` events and at the end.
+
+Because events are applied from their journal text (encoded, redacted, decoded), the state in
+memory is exactly what a recovery would rebuild.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import re
-import traceback
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from orchestrator.engine.events import TERMINAL_STATUSES
+from orchestrator.engine.events import EventKind
+from orchestrator.engine.fold import RunState, apply
+from orchestrator.engine.snapshots import make_snapshot
 from orchestrator.payload import codec
-from orchestrator.engine.fold import Reduce, RunState, fold
-from orchestrator.payload.redact import Redactor
-from store import NewSnapshot, SnapshotRecord, Store
+from orchestrator.payload.redact import JournalRedactor
+from store import NewEvent, Store
+from workflows import Workflow
 
-__all__ = ["SNAPSHOT_SCHEMA", "JournalRedactor", "error_info", "make_snapshot", "restore_run", "snapshot_problem"]
+__all__ = ["ActiveRun", "JournalWriter", "Observer"]
 
-_log = logging.getLogger("agentsaga.engine")
-
-#: Layout version of a snapshot's JSON; a snapshot of another version is skipped, never trusted.
-SNAPSHOT_SCHEMA = 1
-_TRACEBACK_LIMIT = 8000
-_SECRET_HINT = re.compile(r"password|passwd|secret|token|api_?key|authori[sz]ation|bearer|cookie|sk-")
+#: Called after each commit with the run and the events it made durable (progress lines, tracing).
+Observer = Callable[["ActiveRun", list[NewEvent]], None]
 
 
-def error_info(exc: BaseException, *, with_traceback: bool = True) -> dict[str, Any]:
-    kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
-    info: dict[str, Any] = {"type": name, "message": str(exc)}
-    if with_traceback and exc.__traceback__ is not None:
-        text = "".join(traceback.format_exception(exc))
-        info["traceback"] = text if len(text) <= _TRACEBACK_LIMIT else "...\n" + text[-_TRACEBACK_LIMIT:]
-    return info
+class ActiveRun:
+    """A run this process is driving: its workflow, its lease token and what its journal folds to."""
+
+    __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "lock")
+
+    def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.token = token
+        #: the fold of every event journaled so far (the scheduler's position and the user state)
+        self.folded = folded
+        self.last_snapshot_seq = last_snapshot_seq
+        # Parallel sync steps run on threads and may journal durable calls from there: one writer
+        # at a time per run keeps seq numbers and the folded state consistent. Per run, not per
+        # process, so a worker driving several runs on threads commits them concurrently.
+        self.lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<ActiveRun {self.run_id!r} {self.workflow.name!r} seq={self.folded.seq} {self.folded.status}>"
 
 
-def snapshot_problem(snap: SnapshotRecord) -> str | None:
-    """Why a snapshot cannot be trusted, or None when it verifies (invariant 2)."""
-    if snap.schema_version != SNAPSHOT_SCHEMA:
-        return f"snapshot layout version {snap.schema_version} is not {SNAPSHOT_SCHEMA}"
-    digest = hashlib.sha256(snap.state.encode()).hexdigest()
-    if digest != snap.sha256:
-        return f"sha256 mismatch (stored {snap.sha256[:12]}..., computed {digest[:12]}...)"
-    return None
+Batch = list[tuple[str, dict[str, Any]]]
 
 
-def make_snapshot(rs: RunState, trigger: str, now: float) -> NewSnapshot:
-    """The run state as canonical JSON text with its sha256."""
-    text = codec.canonical_dumps(rs.to_json(), what="snapshot")
-    return NewSnapshot(
-        seq=rs.seq,
-        state=text,
-        sha256=hashlib.sha256(text.encode()).hexdigest(),
-        trigger=trigger,
-        created_at=now,
-        schema_version=SNAPSHOT_SCHEMA,
-    )
+class JournalWriter:
+    """Appends events to active runs' journals (see the module docstring)."""
 
+    def __init__(self, store: Store, *, clock: Callable[[], float], redact: JournalRedactor, snapshot_every: int,
+                 keep_snapshots: int, observers: Iterable[Observer] = ()) -> None:
+        self.store = store
+        self.clock = clock
+        self.redact = redact
+        self.snapshot_every = snapshot_every
+        self.keep_snapshots = keep_snapshots
+        self.observers = tuple(observers)
 
-def restore_run(store: Store, run_id: str, reduce: Reduce) -> tuple[RunState, int, list[tuple[int, str]]]:
-    """Newest snapshot that verifies + the events after it. Returns (state, snapshot seq, rejected)."""
-    rejected: list[tuple[int, str]] = []
-    rs: RunState | None = None
-    snap_seq = 0
-    for snap in store.snapshots(run_id):
-        problem = snapshot_problem(snap)
-        if problem is None:
-            try:
-                candidate = RunState.from_json(codec.loads(snap.state))
-            except (ValueError, TypeError, KeyError) as exc:
-                problem = f"cannot decode: {exc}"
-            else:
-                if candidate.seq != snap.seq:
-                    problem = f"snapshot says seq {candidate.seq}, stored at seq {snap.seq}"
-                else:
-                    rs, snap_seq = candidate, snap.seq
-                    break
-        _log.warning("run %s: snapshot at seq %d skipped: %s", run_id, snap.seq, problem)
-        rejected.append((snap.seq, problem))
-    events = store.events(run_id, after_seq=rs.seq if rs else 0)
-    rs = fold(((e.seq, e.kind, codec.loads(e.data)) for e in events), reduce, start=rs)
-    return rs, snap_seq, rejected
+    def commit(self, run: ActiveRun, batch: Batch, *, trigger: str | None = None,
+               consume_signals: list[int] | None = None) -> None:
+        """Append ``batch`` (``[(kind, data), ...]``) in one transaction and fold it into ``run``."""
+        with run.lock:
+            events = self._append(run, batch, trigger, consume_signals)
+        for observer in self.observers:
+            observer(run, events)
 
-
-class JournalRedactor:
-    """Invariant 9: secrets never reach the journal (sensitive fields, configured patterns).
-
-    A cheap pre-filter (under a microsecond for a small event) lets only texts that could hold a
-    secret pay for a full redaction; configured patterns, if any, are searched as given.
-    """
-
-    def __init__(self, redactor: Redactor) -> None:
-        self.redactor = redactor
-        defaults = {p.pattern for p in Redactor()._each}
-        custom = [p for p in redactor._each if p.pattern not in defaults]
-        self._custom = re.compile("|".join(f"(?:{p.pattern})" for p in custom)) if custom else None
-
-    def redact(self, text: str, *, force: bool = False) -> str:
-        """Redaction is idempotent; ``force`` skips the pre-filter (to compare with a journal text
-        that went through it)."""
-        if not force and _SECRET_HINT.search(text.lower()) is None and (
-                self._custom is None or self._custom.search(text) is None):
-            return text
-        # Plain json, not the codec: tagged values stay tagged and only strings are touched.
-        cleaned = json.dumps(self.redactor.json(json.loads(text)), ensure_ascii=False, separators=(",", ":"))
-        return self.redactor.text(cleaned)
+    def _append(self, run: ActiveRun, batch: Batch, trigger: str | None,
+                consume_signals: list[int] | None) -> list[NewEvent]:
+        texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
+        now = self.clock()
+        folded = run.folded
+        reduce = run.workflow.reduce
+        before = folded.status
+        events: list[NewEvent] = []
+        for kind, text in texts:
+            seq = folded.seq + 1
+            apply(folded, seq, kind, codec.loads(text), reduce)
+            events.append(NewEvent(seq=seq, kind=kind, data=text, at=now))
+        if folded.status == "running" and not folded.frontier:
+            seq = folded.seq + 1
+            apply(folded, seq, EventKind.RUN_COMPLETED, {}, reduce)
+            events.append(NewEvent(seq=seq, kind=EventKind.RUN_COMPLETED, data="{}", at=now))
+        status: str | None = folded.status if folded.status != before else None
+        error: str | None = None
+        finished = folded.status in TERMINAL_STATUSES
+        if finished:
+            status = folded.status  # the run row follows the journal's status in the same transaction
+            trigger = trigger or "final"
+            if folded.error:
+                error = f"{folded.error.get('type')}: {folded.error.get('message')}"
+        snapshot = None
+        if trigger is not None or folded.seq - run.last_snapshot_seq >= self.snapshot_every:
+            snapshot = make_snapshot(folded, trigger or "periodic", now)
+        self.store.append(
+            run.run_id,
+            events,
+            token=run.token,
+            now=now,
+            status=status,
+            error=error,
+            finished=finished,
+            snapshot=snapshot,
+            keep_snapshots=self.keep_snapshots if snapshot is not None else None,
+            release_lease=finished,
+            consume_signals=consume_signals or (),
+        )
+        if snapshot is not None:
+            run.last_snapshot_seq = snapshot.seq
+        return events

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["Redactor", "REDACTED", "DEFAULT_PATTERNS"]
+__all__ = ["Redactor", "JournalRedactor", "REDACTED", "DEFAULT_PATTERNS"]
 
 REDACTED = "[REDACTED]"
 
@@ -167,3 +167,32 @@ class Redactor:
                 return self.text(text)
             return json.dumps(self.json(parsed), ensure_ascii=False, separators=(",", ":"))
         return self.text(text)
+
+
+#: words that may stand in a secret's field name or value; only texts holding one pay for a full pass
+_SECRET_HINT = re.compile(r"password|passwd|secret|token|api_?key|authori[sz]ation|bearer|cookie|sk-")
+
+
+class JournalRedactor:
+    """Redacts the JSON text of an event before it is written (invariant 9).
+
+    A cheap pre-filter (under a microsecond for a small event) lets only texts that could hold a
+    secret pay for a full redaction; the redactor's own extra patterns, if any, are searched as
+    given. Redaction is idempotent, so a text may safely pass twice.
+    """
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+        defaults = {p.pattern for p in Redactor()._each}
+        custom = [p for p in redactor._each if p.pattern not in defaults]
+        self._custom = re.compile("|".join(f"(?:{p.pattern})" for p in custom)) if custom else None
+
+    def __call__(self, text: str, *, force: bool = False) -> str:
+        """``text`` (a JSON document) with secrets replaced; ``force`` skips the pre-filter (to compare
+        with a journal text that went through it)."""
+        if not force and _SECRET_HINT.search(text.lower()) is None and (
+                self._custom is None or self._custom.search(text) is None):
+            return text
+        # Plain json, not the codec: tagged values stay tagged and only strings are touched.
+        cleaned = json.dumps(self.redactor.json(json.loads(text)), ensure_ascii=False, separators=(",", ":"))
+        return self.redactor.text(cleaned)

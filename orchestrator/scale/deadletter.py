@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.engine.journal import error_info
+from orchestrator.payload.exceptions import error_record
 from orchestrator.errors import ConfigurationError
 from store import RunRecord, Store
 
@@ -70,7 +70,7 @@ class DeadLetterPolicy:
 
     def on_error(self, rec: RunRecord, token: int, exc: BaseException) -> bool:
         """Record a failed attempt; True when the run went dead (else it is retried after a backoff)."""
-        info = error_info(exc)
+        info = error_record(exc)
         count, errors = self._count(rec, self.store.failures(rec.run_id))
         count += 1
         if count > self.max_failures:

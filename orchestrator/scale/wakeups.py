@@ -15,13 +15,13 @@ from collections.abc import Sequence
 
 from store import Store, StoreError
 
-__all__ = ["Listening"]
+__all__ = ["NotifyListener"]
 
 _log = logging.getLogger("agentsaga.worker")
 _WAIT = 5.0  # how often the thread looks at the stop flag while nothing arrives
 
 
-class Listening(threading.Thread):
+class NotifyListener(threading.Thread):
     def __init__(self, store: Store, *, wake: threading.Event, stop: threading.Event,
                  queues: Sequence[str] | None, max_backoff: float) -> None:
         super().__init__(name="agentsaga-listen", daemon=True)

@@ -50,15 +50,16 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from orchestrator.scale.deadletter import DEFAULT_MAX_FAILURES, DeadLetterPolicy
-from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
-from orchestrator.engine.leases import Heartbeat
-from orchestrator.scale.limits import Limits, QueueLimit
-from orchestrator.engine.loader import load_target
 from orchestrator._orchestrator import Orchestrator
-from orchestrator.scale.queues import check_queue_name
-from orchestrator.scale.wakeups import Listening
+from orchestrator.contrib.otel import Tracing
+from orchestrator.engine.core import default_owner
+from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
+from orchestrator.engine.loader import load_target
+from orchestrator.engine.queues import check_queue_name
 from orchestrator.errors import ConfigurationError, GraphChangedError, WorkflowNotFoundError
+from orchestrator.scale.deadletter import DEFAULT_MAX_FAILURES, DeadLetterPolicy
+from orchestrator.scale.limits import Limits, QueueLimit
+from orchestrator.scale.wakeups import NotifyListener
 from store import FencedError, RunNotFoundError, StoreError, StoreUnavailableError
 from workflows import Workflow
 
@@ -164,44 +165,29 @@ class Worker:
         for wf in workflows:
             if not isinstance(wf, Workflow):
                 raise ConfigurationError(f"targets must be 'module:attr' strings or Workflow objects, got {wf!r}")
-        if isinstance(orc_or_url, Orchestrator):
-            if lease_ttl is not None and lease_ttl != orc_or_url.engine.cfg.lease_ttl:
-                raise ConfigurationError("lease_ttl is the Orchestrator's: pass Orchestrator(..., lease_ttl=...)")
-            ttl = orc_or_url.engine.cfg.lease_ttl
-        else:
-            ttl = 30.0 if lease_ttl is None else _seconds(lease_ttl, "lease_ttl")
         beat = None if heartbeat is None else _seconds(heartbeat, "heartbeat")
-        if beat is not None and beat >= ttl:
-            raise ConfigurationError(f"heartbeat ({beat:g}s) must be shorter than lease_ttl ({ttl:g}s)")
         if isinstance(orc_or_url, Orchestrator):
             self.orc, self._owns_orc = orc_or_url, False
+            _check_given(orc_or_url, lease_ttl=lease_ttl, heartbeat=beat, limits=self.limits, tracing=tracing,
+                         owner=owner, store_options=store_options)
             self.orc.register(*workflows)
+            found = [o for o in orc_or_url.engine.journal.observers if isinstance(o, Tracing)]
+            self.tracing = found[0] if found else None
         else:
-            self.orc = Orchestrator(orc_or_url, workflows=workflows, lease_ttl=ttl, owner=owner,
-                                    store_options=store_options)
+            ttl = 30.0 if lease_ttl is None else _seconds(lease_ttl, "lease_ttl")
+            if beat is not None and beat >= ttl:
+                raise ConfigurationError(f"heartbeat ({beat:g}s) must be shorter than lease_ttl ({ttl:g}s)")
+            owner = owner or default_owner()
+            self.tracing = Tracing(None if tracing is True else tracing, owner=owner) if tracing else None
+            self.orc = Orchestrator(orc_or_url, workflows=workflows, lease_ttl=ttl, heartbeat=beat, owner=owner,
+                                    store_options=store_options, tool_limits=self.limits.tool_limits,
+                                    observers=[self.tracing] if self.tracing is not None else ())
             self._owns_orc = True
-        try:
-            self._setup(beat, max_failures, tracing, concurrency)
-        except BaseException:
-            if self._owns_orc:
-                self.orc.close()
-            raise
-
-    def _setup(self, beat: float | None, max_failures: int, tracing: Any, concurrency: int) -> None:
-        cfg = self.orc.engine.cfg
-        if beat is not None:
-            self.orc.engine.heartbeat.stop()
-            self.orc.engine.heartbeat = Heartbeat(self.orc.store, ttl=cfg.lease_ttl, clock=cfg.clock, interval=beat)
         self.store = self.orc.store
         self.owner = self.orc.owner
         self.concurrency = concurrency
-        self.dead = DeadLetterPolicy(self.store, owner=self.owner, clock=cfg.clock, max_failures=max_failures)
-        self.calls = self.limits.install(self.orc)
-        self.tracing = None
-        if tracing:
-            from orchestrator.contrib.otel import enable_tracing
-
-            self.tracing = enable_tracing(self.orc, None if tracing is True else tracing)
+        self.dead = DeadLetterPolicy(self.store, owner=self.owner, clock=self.orc.engine.config.clock,
+                                     max_failures=max_failures)
         self._inbox: queue_mod.Queue[tuple[str, int, str | None] | None] = queue_mod.Queue()
         self._lock = threading.Lock()
         self._import_lock = threading.Lock()
@@ -213,7 +199,7 @@ class Worker:
         self._handing_back: set[str] = set()
         self._skip: dict[str, float] = {}  # run_id -> monotonic time until which it is left alone
         self._slots: list[_Slot] = []
-        self._listener: Listening | None = None
+        self._listener: NotifyListener | None = None
         self._rotate = 0
         #: counters for `stats` and benchmarks (this process only)
         self.counts = {"claimed": 0, "completed": 0, "handed_back": 0, "fenced": 0, "failed_recoveries": 0,
@@ -255,11 +241,11 @@ class Worker:
             self._slots.append(slot)
         listener_ok = self.store.dialect == "postgresql"
         if listener_ok:
-            self._listener = Listening(self.store, wake=self._wake, stop=self._stopping, queues=self.queues,
+            self._listener = NotifyListener(self.store, wake=self._wake, stop=self._stopping, queues=self.queues,
                                        max_backoff=self.poll)
             self._listener.start()
         _log.info("worker %s ready: concurrency %d, queues %s, lease %gs, %s", self.owner, self.concurrency,
-                  ", ".join(self.queues) if self.queues else "all", self.orc.engine.cfg.lease_ttl,
+                  ", ".join(self.queues) if self.queues else "all", self.orc.engine.config.lease_ttl,
                   "LISTEN/NOTIFY" if listener_ok else f"polling up to every {self.poll:g}s")
 
     @property
@@ -295,22 +281,22 @@ class Worker:
         # While LISTEN works, new work announces itself and next_due covers leases and timers seen so
         # far; a lease taken since without a NOTIFY (a run started by orc.run elsewhere) is caught
         # within one lease length by this longest sleep.
-        safety_net = max(self.poll, self.orc.engine.cfg.lease_ttl)
+        safety_net = max(self.poll, self.orc.engine.config.lease_ttl)
         limit = idle if (not self._listening_now or blocked) else safety_net
         if found:
             return limit
         try:
-            due = self.store.next_due(now=self.orc.engine.cfg.clock(), statuses=ACTIVE_STATUSES, queues=self.queues)
+            due = self.store.next_due(now=self.orc.engine.config.clock(), statuses=ACTIVE_STATUSES, queues=self.queues)
         except StoreError:
             return limit
         if due is None:
             return limit
-        return max(0.0, min(limit, due - self.orc.engine.cfg.clock() + 0.01))
+        return max(0.0, min(limit, due - self.orc.engine.config.clock() + 0.01))
 
     def _claim(self, free: int) -> tuple[int, bool]:
         """Claim up to ``free`` runs (limited queues first, in turn) and hand them to the slots.
         Returns (runs claimed, whether a limit held some back)."""
-        cfg = self.orc.engine.cfg
+        cfg = self.orc.engine.config
         skip = self._skipped()
         limited = {q: lim for q, lim in self.limits.queues.items() if self.queues is None or q in self.queues}
         names = list(limited)
@@ -382,7 +368,7 @@ class Worker:
             if run_id in self._running:
                 self._running[run_id] = (token, slot)
         orc, store = self.orc, self.store
-        clock = orc.engine.cfg.clock
+        clock = orc.engine.config.clock
         try:
             rec = store.get_run(run_id)
             if self.dead.after_claim(rec, token):
@@ -398,8 +384,8 @@ class Worker:
             if run_id in self._handing_back or (self._stopping.is_set() and self._hurry):
                 raise asyncio.CancelledError  # claimed just before the stop: give it straight back
             with self._import_lock:  # two slots must not import one run's target file twice at once
-                orc._workflow_for(rec)
-            result = slot.drive(orc._drive_claimed(run_id, token, allow=None))
+                orc.workflows.for_run(rec)
+            result = slot.drive(orc.engine.drive_claimed(run_id, token))
             status, error = result.status, result.error
             if status not in TERMINAL_STATUSES and status != "waiting":
                 self._release(run_id, token)  # a run the journal says is not runnable: do not sit on it
@@ -436,7 +422,7 @@ class Worker:
 
     def _release(self, run_id: str, token: int) -> None:
         try:
-            self.store.release_lease(run_id, token=token, now=self.orc.engine.cfg.clock())
+            self.store.release_lease(run_id, token=token, now=self.orc.engine.config.clock())
         except FencedError:
             pass  # someone else holds it already: nothing of ours to give back
         except StoreError as exc:
@@ -458,8 +444,6 @@ class Worker:
         end = time.monotonic() + 2.0
         for slot in self._slots:  # a slot stuck in a sync step is a daemon thread: leave it behind
             slot.join(timeout=max(0.0, end - time.monotonic()))
-        if self.calls is not None:
-            self.calls.close()
         if self._owns_orc:
             self.orc.close()
         _log.info("worker %s stopped: %s", self.owner, self.counts)
@@ -483,3 +467,20 @@ class Worker:
         for run_id, (token, _slot) in stuck.items():
             _log.warning("run %s is still in a step; releasing its lease anyway", run_id)
             self._release(run_id, token)
+
+
+def _check_given(orc: Orchestrator, *, lease_ttl: Any, heartbeat: float | None, limits: Limits, tracing: Any,
+                 owner: str | None, store_options: Any) -> None:
+    """With an Orchestrator given, what shapes driving is the Orchestrator's own setting."""
+    config = orc.engine.config
+    if lease_ttl is not None and lease_ttl != config.lease_ttl:
+        raise ConfigurationError("lease_ttl is the Orchestrator's: pass Orchestrator(..., lease_ttl=...)")
+    if heartbeat is not None and heartbeat != config.heartbeat:
+        raise ConfigurationError("heartbeat is the Orchestrator's: pass Orchestrator(..., heartbeat=...)")
+    if limits.tools and (orc.tools.call_limits is None or orc.tools.call_limits.limits != dict(limits.tools)):
+        raise ConfigurationError("tool limits are the Orchestrator's: pass Orchestrator(..., tool_limits=...)")
+    if tracing:
+        raise ConfigurationError("with an Orchestrator, pass Orchestrator(..., observers=[Tracing(...)]); the worker "
+                                 "uses it for run spans")
+    if owner is not None or store_options is not None:
+        raise ConfigurationError("owner and store_options are the Orchestrator's when one is given")

@@ -117,7 +117,8 @@ class _Base:
                  idempotency_key: Callable[[], str | None] | None = None,
                  breaker: BreakerHooks | None = None, breaker_name: str | None = None,
                  redactor: Redactor | None = None, max_body: int = 8192,
-                 attempt: Callable[[], int] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 attempt: Callable[[], int] | None = None, clock: Callable[[], float] = time.time,
+                 durable: Any = None) -> None:
         if breaker is not None and not (isinstance(breaker, tuple) and len(breaker) == 2
                                         and all(callable(f) for f in breaker)):
             raise TypeError(f"breaker must be a (before(name), after(name, ok)) pair of callables, got {breaker!r}")
@@ -131,6 +132,7 @@ class _Base:
         self.max_body = max_body
         self._attempt = attempt
         self._clock = clock
+        self._durable = durable
         self._sends: dict[str, int] = {}  # sends per idempotency key: the attempt number by default
         self._lock = threading.Lock()
 
@@ -276,6 +278,19 @@ class HttpTool(HttpVerbs, _Base):
         self.client = client if client is not None else httpx.Client(timeout=DEFAULT_TIMEOUT)
 
     def request(self, method: str, url: Any, *, breaker: str | None = None, **kwargs: Any) -> httpx.Response:
+        if self._durable is None:
+            return self._send(method, url, breaker, kwargs)
+
+        def perform() -> dict[str, Any]:
+            return _durable_record(self._send(method, url, breaker, dict(kwargs)))
+
+        try:
+            record = self._durable.durable_call("http", _request_key(method, url, kwargs, breaker), perform)
+        except _TooBig as big:
+            return big.response
+        return _replayed(method, record)
+
+    def _send(self, method: str, url: Any, breaker: str | None, kwargs: dict[str, Any]) -> httpx.Response:
         request, send, name, key = self._build(self.client, method, url, kwargs, breaker)
         attempt, started = self._attempt_number(key), time.perf_counter()
         if self._breaker is not None:
@@ -334,6 +349,19 @@ class AsyncHttpTool(HttpVerbs, _Base):
         self.client = client if client is not None else httpx.AsyncClient(timeout=DEFAULT_TIMEOUT)
 
     async def request(self, method: str, url: Any, *, breaker: str | None = None, **kwargs: Any) -> httpx.Response:
+        if self._durable is None:
+            return await self._send(method, url, breaker, kwargs)
+
+        async def perform() -> dict[str, Any]:
+            return _durable_record(await self._send(method, url, breaker, dict(kwargs)))
+
+        try:
+            record = await self._durable.adurable_call("http", _request_key(method, url, kwargs, breaker), perform)
+        except _TooBig as big:
+            return big.response
+        return _replayed(method, record)
+
+    async def _send(self, method: str, url: Any, breaker: str | None, kwargs: dict[str, Any]) -> httpx.Response:
         request, send, name, key = self._build(self.client, method, url, kwargs, breaker)
         attempt, started = self._attempt_number(key), time.perf_counter()
         if self._breaker is not None:
@@ -376,3 +404,52 @@ class AsyncHttpTool(HttpVerbs, _Base):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+# -- durable requests -------------------------------------------------------------------------------
+# With ``durable`` (a step's durable calls: ``ctx.http`` inside a step), request ``i`` of a step
+# execution is a durable call: its response is journaled (``CallCompleted``, kind ``http``) the
+# moment it arrives, and when the step runs again (a retry, a recovery) request ``i`` with the same
+# method, URL and body returns the journaled response instead of being sent again. Under replay the
+# responses come from the cassette. A failed request is not journaled as completed: running the
+# step again sends it again, with the same idempotency key. A response body larger than
+# ``MAX_DURABLE_BODY`` is returned live and not journaled as a durable call.
+
+MAX_DURABLE_BODY = 1 << 20  # 1 MiB of response text kept for resume and replay
+
+
+def _request_key(method: str, url: Any, kwargs: dict[str, Any], breaker: str | None) -> dict[str, Any]:
+    """What identifies a request for reuse: not its headers (secrets, tracing ids), its body."""
+    key: dict[str, Any] = {"method": method.upper(), "url": str(url)}
+    for name in ("params", "json", "data"):
+        if kwargs.get(name) is not None:
+            key[name] = kwargs[name]
+    content = kwargs.get("content")
+    if content is not None:
+        key["content"] = content.decode("utf-8", "replace") if isinstance(content, bytes) else str(content)
+    if breaker:
+        key["breaker"] = breaker
+    return key
+
+
+class _TooBig(Exception):
+    """Carries a response too large to journal whole out of ``perform``."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        super().__init__("response too large to journal")
+
+
+def _durable_record(response: httpx.Response) -> dict[str, Any]:
+    text = response.text
+    if len(text) > MAX_DURABLE_BODY:
+        raise _TooBig(response)
+    return {"status": response.status_code, "headers": dict(response.headers), "url": str(response.url),
+            "text": text}
+
+
+def _replayed(method: str, record: dict[str, Any]) -> httpx.Response:
+    headers = {k: v for k, v in record.get("headers", {}).items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
+    return httpx.Response(record["status"], headers=headers, content=record.get("text", "").encode("utf-8"),
+                          request=httpx.Request(method.upper(), record.get("url") or "http://replayed.invalid/"))

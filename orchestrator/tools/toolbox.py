@@ -1,42 +1,49 @@
-"""What a step's context hands out for the outside world: ``ctx.http`` / ``ctx.ahttp``.
+"""The tools steps use to reach the outside world: one ``ToolBox`` per Orchestrator, and the
+``StepTools`` of each step attempt.
 
-Each step execution gets its own tool instance, so every request it makes is collected for that
-step's journal event (``calls``), and breaker transitions it causes are collected too
-(``breakers``). An effect step's requests carry its idempotency key: the first request sends
-``ctx.idempotency_key`` itself, the n-th (n >= 1) sends ``f"{key}:{n}"``, so a step that makes
-several calls gives each a stable key of its own across retries and recoveries.
+``ToolBox`` holds what every step shares: the pooled HTTP client, the redactor, the store-backed
+circuit breakers with their declared settings, cluster-wide call limits, and the journal's body
+bound. ``StepTools`` is what one attempt did to the outside world: the HTTP requests it made
+(``calls``) and the breaker transitions it caused (``transitions``), journaled with the attempt's
+outcome. ``ctx.http`` is an ``HttpTool`` bound to the attempt: its idempotency key, its breakers
+and, inside a step, its durable calls (a re-run step reuses journaled responses); that
+``HttpTool`` is the one layer between ``ctx.http`` and httpx.
+
+An effect step's requests carry its idempotency key: the first request sends
+``ctx.idempotency_key`` itself, the n-th (n >= 1) sends ``f"{key}:{n}"``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from compensations import BreakerRegistry, default_breakers
-from typing import TYPE_CHECKING
-
-from orchestrator.tools.breakers import StoreBreakers
+from compensations import BreakerConfig, BreakerRegistry, default_breakers
+from orchestrator.engine.services import DurableCalls
+from orchestrator.errors import PermanentToolError
 from orchestrator.payload.redact import Redactor
+from orchestrator.tools.breakers import StoreBreakers
 
 if TYPE_CHECKING:  # httpx is imported when a step first makes a call, not by every process
     from orchestrator.tools.http import AsyncHttpTool, HttpTool
 
-__all__ = ["Tools", "StepTools"]
+__all__ = ["ToolBox", "StepTools"]
 
 
-class Tools:
-    """Shared by all steps of an Orchestrator: the redactor, breakers and HTTP options."""
+class ToolBox:
+    """Shared by all steps of an Orchestrator (see the module docstring)."""
 
-    def __init__(self, *, breakers: StoreBreakers, registry: BreakerRegistry | None, redactor: Redactor,
-                 clock: Callable[[], float], max_body: int = 8192) -> None:
+    def __init__(self, *, breakers: StoreBreakers, registry: BreakerRegistry | None = None,
+                 redactor: Redactor | None = None, clock: Callable[[], float], max_body: int = 8192,
+                 call_limits: Any = None) -> None:
         self.breakers = breakers
         self.registry = registry or default_breakers
-        self.redactor = redactor
+        self.redactor = redactor or Redactor()
         self.clock = clock
         self.max_body = max_body
+        #: cluster-wide limits on in-flight calls per tool (``orchestrator.tools.limits.CallLimits``), or None
+        self.call_limits = call_limits
         self._client: Any = None
-        #: cluster-wide limits on in-flight calls per tool (orchestrator.scale.limits.CallLimits), or None
-        self.call_limits: Any = None
 
     @property
     def client(self) -> Any:
@@ -53,25 +60,42 @@ class Tools:
         if self._client is not None:
             self._client.close()
             self._client = None
+        if self.call_limits is not None:
+            self.call_limits.close()
 
-    def for_step(self, key: str | None, attempt: int) -> StepTools:
-        return StepTools(self, key, attempt)
+    def for_step(self, *, key: str | None, attempt: int, durable: DurableCalls | None) -> StepTools:
+        return StepTools(self, key=key, attempt=attempt, durable=durable)
+
+    def breaker_config(self, breaker: str | BreakerConfig) -> BreakerConfig:
+        return self.registry.config_for(breaker) if isinstance(breaker, str) else breaker
 
 
 class StepTools:
-    """The tools of one step attempt, and what they recorded."""
+    """The tools of one step attempt, and what they recorded (see the module docstring)."""
 
-    def __init__(self, tools: Tools, key: str | None, attempt: int) -> None:
-        self.tools = tools
+    def __init__(self, box: ToolBox, *, key: str | None, attempt: int, durable: DurableCalls | None) -> None:
+        self.box = box
         self.key = key
         self.attempt = attempt
+        self.durable = durable
         self.calls: list[dict[str, Any]] = []
         self.transitions: list[dict[str, Any]] = []
         self._made = 0
         self._http: HttpTool | None = None
-        self.durable_http: Any = None  # what ctx.http hands out (see orchestrator/tools/durable_http.py)
-        self.durable_ahttp: Any = None
         self._ahttp: AsyncHttpTool | None = None
+
+    def with_key(self, key: str) -> StepTools:
+        """Tools of the same attempt sending another idempotency key (an effect tool of the tool loop,
+        itself a durable call: its requests are plain calls), recorded apart for the caller to merge."""
+        return StepTools(self.box, key=key, attempt=self.attempt, durable=None)
+
+    @property
+    def redactor(self) -> Redactor:
+        return self.box.redactor
+
+    def breaker_hooks(self, config_for: Callable[[str], BreakerConfig] | None = None) -> tuple[Any, Any]:
+        """``(before(name), after(name, ok))`` over the shared breakers, recording transitions here."""
+        return self.box.breakers.hooks(config_for or self.box.registry, self.transitions.append)
 
     def _next_key(self) -> str | None:
         if self.key is None:
@@ -80,36 +104,59 @@ class StepTools:
         self._made += 1
         return self.key if n == 0 else f"{self.key}:{n}"
 
-    def _options(self, is_async: bool = False) -> dict[str, Any]:
-        t = self.tools
-        hooks = t.breakers.hooks(t.registry, self.transitions.append)
-        if t.call_limits is not None:  # hold one of the tool's slots from before the call to after it
-            hooks = t.call_limits.wrap(hooks, is_async=is_async)
+    def _options(self, is_async: bool) -> dict[str, Any]:
+        box = self.box
+        hooks = self.breaker_hooks()
+        if box.call_limits is not None:  # hold one of the tool's slots from before the call to after it
+            hooks = box.call_limits.wrap(hooks, is_async=is_async)
         return {
             "journal": self.calls.append,
             "idempotency_key": self._next_key,
             "breaker": hooks,
-            "redactor": t.redactor,
-            "max_body": t.max_body,
+            "redactor": box.redactor,
+            "max_body": box.max_body,
             "attempt": lambda: self.attempt,
-            "clock": t.clock,
+            "clock": box.clock,
+            "durable": self.durable,
         }
 
     @property
     def http(self) -> HttpTool:
+        """``ctx.http``: synchronous HTTP calls (see ``orchestrator.tools.http``)."""
         if self._http is None:
             from orchestrator.tools.http import HttpTool
 
-            self._http = HttpTool(client=self.tools.client, **self._options())
+            self._http = HttpTool(client=self.box.client, **self._options(is_async=False))
         return self._http
 
     @property
     def ahttp(self) -> AsyncHttpTool:
+        """``ctx.ahttp``: asynchronous HTTP calls."""
         if self._ahttp is None:
             from orchestrator.tools.http import AsyncHttpTool
 
             self._ahttp = AsyncHttpTool(**self._options(is_async=True))
         return self._ahttp
+
+    async def guard(self, breaker: str | BreakerConfig, call: Callable[[], Awaitable[Any]]) -> Any:
+        """A step with ``breaker=``: fail fast while its breaker is open; feed it the outcome."""
+        breakers = self.box.breakers
+        config = self.box.breaker_config(breaker)
+        transition = breakers.before_call(config)  # raises CircuitOpenError when open
+        if transition is not None:
+            self.transitions.append(transition)
+        try:
+            result = await call()
+        except Exception as exc:
+            # A permanent tool error means the tool answered: the caller was wrong, not the tool.
+            transition = breakers.after_call(config, isinstance(exc, PermanentToolError))
+            if transition is not None:
+                self.transitions.append(transition)
+            raise
+        transition = breakers.after_call(config, True)
+        if transition is not None:
+            self.transitions.append(transition)
+        return result
 
     async def aclose(self) -> None:
         if self._ahttp is not None:

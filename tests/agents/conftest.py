@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from agent_helpers import API_KEY  # noqa: E402
 
-from orchestrator.testing.chatserver import ChatServer  # noqa: E402
+from orchestrator.testing import ChatServer  # noqa: E402
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from orchestrator import Orchestrator
-from orchestrator.agents.llm import LLM
+from orchestrator.agents import LLM
 from workflows import END, Workflow
 
 API_KEY = "sk-test-0123456789abcdefghijklmnop"

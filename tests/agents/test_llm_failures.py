@@ -15,10 +15,11 @@ from agent_helpers import API_KEY, calls  # noqa: E402
 
 from compensations import BreakerConfig  # noqa: E402
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator.testing.chatserver import error, reply  # noqa: E402
-from orchestrator.agents.llm import LLM  # noqa: E402
-from orchestrator.agents.prompts import Prompt, PromptError  # noqa: E402
-from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError  # noqa: E402
+from orchestrator.testing import error, reply  # noqa: E402
+from orchestrator.agents import LLM  # noqa: E402
+from orchestrator import PromptError  # noqa: E402
+from orchestrator.agents import Prompt  # noqa: E402
+from orchestrator import CircuitOpenError, PermanentToolError, RetryableToolError  # noqa: E402
 from workflows import END, Workflow  # noqa: E402
 
 
@@ -130,7 +131,7 @@ def test_a_dead_provider_trips_the_breaker_by_connect_errors(sleeps):
         port = s.getsockname()[1]
     from store import open_store
 
-    from orchestrator.tools.breakers import StoreBreakers
+    from orchestrator.tools import StoreBreakers
 
     store = open_store("sqlite://")
     try:
@@ -182,7 +183,7 @@ def test_prompt_errors_name_every_missing_variable_and_the_line_of_a_syntax_erro
 
 
 def test_a_2xx_that_is_not_a_chat_completion_is_a_clear_permanent_error(chat, sleeps):
-    from orchestrator.testing.chatserver import Reply
+    from orchestrator.testing import Reply
 
     chat.script([Reply(body={"unexpected": True})])
     llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append)

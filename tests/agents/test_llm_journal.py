@@ -11,10 +11,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_helpers import API_KEY, calls, raw_journal  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator.agents.tool_loop import ToolRegistry, run_tool_loop  # noqa: E402
-from orchestrator.testing.chatserver import reply, tool_call  # noqa: E402
-from orchestrator.agents.llm import LLM  # noqa: E402
-from orchestrator.agents.prompts import Prompt  # noqa: E402
+from orchestrator.agents import run_tool_loop, ToolRegistry  # noqa: E402
+from orchestrator.testing import reply, tool_call  # noqa: E402
+from orchestrator.agents import LLM  # noqa: E402
+from orchestrator.agents import Prompt  # noqa: E402
 from workflows import END, Workflow  # noqa: E402
 
 ASK = Prompt("Which venue in {{ city }} seats {{ people }}?", name="ask")

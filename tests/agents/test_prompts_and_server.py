@@ -7,8 +7,9 @@ import json
 import httpx
 import pytest
 
-from orchestrator.testing.chatserver import ChatServer, Reply, tool_call
-from orchestrator.agents.prompts import Prompt, Prompts, PromptError, RenderedPrompt
+from orchestrator.testing import ChatServer, Reply, tool_call
+from orchestrator import PromptError
+from orchestrator.agents import Prompt, Prompts, RenderedPrompt
 
 
 def test_prompts_from_a_directory_include_each_other_and_name_what_is_missing(tmp_path):

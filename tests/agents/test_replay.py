@@ -14,12 +14,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_helpers import API_KEY, calls  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator.agents.tool_loop import ToolRegistry, run_tool_loop  # noqa: E402
-from orchestrator.agents.cassette import Cassette  # noqa: E402
-from orchestrator.testing.chatserver import reply, tool_call  # noqa: E402
-from orchestrator.agents.llm import LLM  # noqa: E402
-from orchestrator.agents.prompts import Prompt  # noqa: E402
-from orchestrator.errors import ReplayError  # noqa: E402
+from orchestrator.agents import run_tool_loop, ToolRegistry  # noqa: E402
+from orchestrator.agents import Cassette  # noqa: E402
+from orchestrator.testing import reply, tool_call  # noqa: E402
+from orchestrator.agents import LLM  # noqa: E402
+from orchestrator.agents import Prompt  # noqa: E402
+from orchestrator import ReplayError  # noqa: E402
 from workflows import END, Workflow, reducers  # noqa: E402
 
 ran: list[str] = []  # tool executions, to see that replay does not run tools

@@ -18,9 +18,9 @@ from agent_helpers import API_KEY, calls  # noqa: E402
 from booking_service import BookingService  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator.agents.tool_loop import ToolContext, ToolRegistry, arun_tool_loop, run_tool_loop  # noqa: E402
-from orchestrator.testing.chatserver import reply, tool_call, tool_calls  # noqa: E402
-from orchestrator.agents.llm import LLM, AsyncLLM  # noqa: E402
+from orchestrator.agents import arun_tool_loop, run_tool_loop, ToolContext, ToolRegistry  # noqa: E402
+from orchestrator.testing import reply, tool_call, tool_calls  # noqa: E402
+from orchestrator.agents import AsyncLLM, LLM  # noqa: E402
 from workflows import END, Workflow  # noqa: E402
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from compensations import BreakerConfig
-from orchestrator.tools.breakers import StoreBreakers
-from orchestrator.errors import CircuitOpenError
+from orchestrator.tools import StoreBreakers
+from orchestrator import CircuitOpenError
 from store import open_store
 
 ROOT = Path(__file__).parent.parent.parent
@@ -160,7 +160,7 @@ def test_concurrent_callers_take_exactly_the_half_open_slots(db_url):
 CHILD = """
 import sys
 from compensations import BreakerConfig
-from orchestrator.tools.breakers import StoreBreakers
+from orchestrator.tools import StoreBreakers
 from store import open_store
 
 url, n, now = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])

@@ -10,7 +10,8 @@ import uuid
 import pytest
 from pydantic import BaseModel
 
-from orchestrator import EncodingError, decode_json, encode_json
+from orchestrator import EncodingError
+from orchestrator.payload import dumps as encode_json, loads as decode_json
 
 
 @dataclasses.dataclass

@@ -46,7 +46,7 @@ def test_a_completed_call_is_not_performed_again_when_the_step_reruns(db_url):
     paid: list = []
     with Orchestrator(db_url, workflows=[paid_call_workflow(paid, stop_after_call=True)]) as orc:
         with pytest.raises(Stop):
-            orc.run(orc._workflows["paid"], {"q": "why"}, run_id="d1")
+            orc.run(orc.workflows.get("paid"), {"q": "why"}, run_id="d1")
         assert kinds(orc, "d1") == ["RunStarted", "CallCompleted"]
     # When another process resumes it
     with Orchestrator(db_url, workflows=[paid_call_workflow(paid)]) as orc:
@@ -63,7 +63,7 @@ def test_a_changed_request_is_performed_anew(db_url):
     paid: list = []
     with Orchestrator(db_url, workflows=[paid_call_workflow(paid, stop_after_call=True)]) as orc:
         with pytest.raises(Stop):
-            orc.run(orc._workflows["paid"], {"q": "why"}, run_id="d2")
+            orc.run(orc.workflows.get("paid"), {"q": "why"}, run_id="d2")
     # When the step resumes asking something else (its code or prompt changed)
     changed = Workflow("paid")
 

@@ -8,14 +8,7 @@ import random
 import pytest
 from pydantic import BaseModel
 
-from orchestrator import (
-    EncodingError,
-    FencedError,
-    GraphChangedError,
-    Orchestrator,
-    RunNotFoundError,
-    RunStateError,
-)
+from orchestrator import EncodingError, FencedError, GraphChangedError, Orchestrator, RunNotFoundError, RunStateError
 from workflows import END, Retry, Workflow, reducers
 
 
@@ -369,7 +362,7 @@ def test_explicit_resume_fences_out_the_previous_owner(orc_factory):
     @wf.step(start=True)
     def first(ctx, state):
         store = thief["orc"].store
-        store.acquire_lease(ctx.run_id, owner="thief", ttl=30, now=thief["orc"].engine.cfg.clock(), force=True)
+        store.acquire_lease(ctx.run_id, owner="thief", ttl=30, now=thief["orc"].engine.config.clock(), force=True)
         return {"stolen": True}
 
     wf.edge("first", END)

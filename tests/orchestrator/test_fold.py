@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import orchestrator.engine.durable  # noqa: F401  (registers the durable-call, wait and timer events with fold)
-from orchestrator import EventKind as K
-from orchestrator import RunState, apply, decode_json, fold
-from orchestrator.payload.codec import canonical_dumps
+from orchestrator.engine import EventKind
+from orchestrator.engine import apply, fold, RunState
+from orchestrator.payload import loads as decode_json
+from orchestrator.payload import canonical_dumps
 from workflows import Workflow, reducers
 
 STEPS = ["a", "b", "c", "d"]
@@ -19,14 +20,14 @@ reduce = wf.reduce
 
 
 def started(start: list[str], state: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    return K.RUN_STARTED, {"workflow": "prop", "input": state or {}, "start": start}
+    return EventKind.RUN_STARTED, {"workflow": "prop", "input": state or {}, "start": start}
 
 
 def completed(step: str, update: dict[str, Any], nxt: list[str], join: dict[str, list[str]] | None = None):
     data = {"step": step, "tick": 0, "attempt": 1, "input": {"state_at": 0}, "update": update, "next": nxt}
     if join:
         data["join"] = join
-    return K.STEP_COMPLETED, data
+    return EventKind.STEP_COMPLETED, data
 
 
 def numbered(events):
@@ -77,8 +78,8 @@ def test_join_waits_for_all_sources():
 def test_failure_route_completes_the_step_and_records_the_error():
     events = numbered([
         started(["a"]),
-        (K.STEP_FAILED, {"step": "a", "attempt": 1, "error": {"type": "X", "message": "boom"}, "final": False}),
-        (K.STEP_FAILED, {"step": "a", "attempt": 2, "error": {"type": "X", "message": "boom"}, "final": True,
+        (EventKind.STEP_FAILED, {"step": "a", "attempt": 1, "error": {"type": "X", "message": "boom"}, "final": False}),
+        (EventKind.STEP_FAILED, {"step": "a", "attempt": 2, "error": {"type": "X", "message": "boom"}, "final": True,
                          "route": "b"}),
     ])
     rs = fold(events[:2], reduce)
@@ -122,14 +123,14 @@ def histories(draw):
                                                   "request": {"p": index}, "response": draw(values)}))
             if draw(st.booleans()):
                 events.append(("WaitStarted", {"step": step, "tick": 0, "name": "ok", "timeout_at": None}))
-                events.append((K.RESUMED, {"owner": "w2", "lease": 2, "snapshot_seq": 0, "replayed": 0}))
+                events.append((EventKind.RESUMED, {"owner": "w2", "lease": 2, "snapshot_seq": 0, "replayed": 0}))
                 events.append(("SignalReceived", {"step": step, "tick": 0, "name": "ok", "data": draw(values),
                                                    "signal": 1, "sent_at": 0.0}))
             if draw(st.booleans()):
                 events.append(("TimerStarted", {"step": step, "tick": 0, "index": 0, "wake_at": 5.0}))
-                events.append((K.RESUMED, {"owner": "w3", "lease": 3, "snapshot_seq": 0, "replayed": 0}))
+                events.append((EventKind.RESUMED, {"owner": "w3", "lease": 3, "snapshot_seq": 0, "replayed": 0}))
             for _ in range(draw(st.integers(0, 2))):
-                events.append((K.STEP_FAILED, {"step": step, "attempt": 1, "final": False,
+                events.append((EventKind.STEP_FAILED, {"step": step, "attempt": 1, "final": False,
                                                "error": {"type": "E", "message": "x"}}))
             update = draw(st.dictionaries(st.sampled_from(["log", "n", "k", "m"]), values, max_size=3))
             if "n" in update and not isinstance(update["n"], int):

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from compensations import BreakerConfig
-from orchestrator.tools.breakers import StoreBreakers
-from orchestrator.tools.http import AsyncHttpTool, HttpTool, parse_retry_after
-from orchestrator.payload.redact import Redactor
-from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError
+from orchestrator.tools import StoreBreakers
+from orchestrator.tools import AsyncHttpTool, HttpTool, parse_retry_after
+from orchestrator.payload import Redactor
+from orchestrator import CircuitOpenError, PermanentToolError, RetryableToolError
 from store import open_store
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.payload.redact import REDACTED, Redactor
+from orchestrator.payload import REDACTED, Redactor
 
 r = Redactor(patterns=[r"sk-[A-Za-z0-9]{20,}", "(?i)hunter2"])
 

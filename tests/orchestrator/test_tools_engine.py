@@ -135,7 +135,7 @@ def test_the_report_and_summary_show_breaker_transitions(db_url, tmp_path):
 
 
 def test_http_responses_replay_from_a_cassette_with_no_server(db_url, tmp_path):
-    from orchestrator import Cassette
+    from orchestrator.agents import Cassette
 
     def build(city: str) -> Workflow:
         wf = Workflow("replay-http")

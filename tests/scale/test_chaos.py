@@ -15,7 +15,8 @@ from collections import Counter
 
 import pytest
 
-from orchestrator import TERMINAL_STATUSES, Orchestrator
+from orchestrator import Orchestrator
+from orchestrator.engine import TERMINAL_STATUSES
 from orchestrator.engine.loader import load_target
 
 from .conftest import journal_problems, target

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from orchestrator import Orchestrator, RunStateError
-from orchestrator.engine.events import ACTIVE_STATUSES
-from orchestrator.scale.worker import Worker
+from orchestrator.engine import ACTIVE_STATUSES
+from orchestrator.scale import Worker
 from orchestrator.cli import main
 from store import NewEvent
 
@@ -24,10 +24,10 @@ class Clock:
 
 def corrupt(orc: Orchestrator, run_id: str) -> None:
     """Append an event kind no code knows: every attempt to restore the run raises."""
-    token = orc.store.acquire_lease(run_id, owner="vandal", ttl=1, now=orc.engine.cfg.clock())
-    orc.store.append(run_id, [NewEvent(2, "FromTheFuture", "{}", orc.engine.cfg.clock())], token=token,
-                     now=orc.engine.cfg.clock())
-    orc.store.release_lease(run_id, token=token, now=orc.engine.cfg.clock())
+    token = orc.store.acquire_lease(run_id, owner="vandal", ttl=1, now=orc.engine.config.clock())
+    orc.store.append(run_id, [NewEvent(2, "FromTheFuture", "{}", orc.engine.config.clock())], token=token,
+                     now=orc.engine.config.clock())
+    orc.store.release_lease(run_id, token=token, now=orc.engine.config.clock())
 
 
 def test_a_run_that_fails_every_recovery_goes_dead_and_can_be_retried(db_url, thread_worker, capsys):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import ConfigurationError, Orchestrator
-from orchestrator.engine.events import ACTIVE_STATUSES
-from orchestrator.scale.limits import Limits, QueueLimit, parse_count, parse_rate
+from orchestrator.engine import ACTIVE_STATUSES
+from orchestrator.scale import Limits, QueueLimit
+from orchestrator.scale.limits import parse_count, parse_rate
 from orchestrator.engine.loader import load_target
-from orchestrator.scale.worker import Worker
+from orchestrator.scale import Worker
 from orchestrator.cli import main
 from store import NewEvent
 

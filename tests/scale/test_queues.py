@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator import ConfigurationError, Orchestrator, RunStateError, WorkflowNotFoundError
 from orchestrator.engine.loader import load_target
-from orchestrator.scale.worker import Worker
+from orchestrator.scale import Worker
 from workflows import END, Workflow
 
 from .conftest import journal_problems, target, wait_for

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator.engine.events import ACTIVE_STATUSES
+from orchestrator.engine import ACTIVE_STATUSES
 from orchestrator.engine.loader import load_target
 from orchestrator.audit.stats import percentile
-from orchestrator.scale.worker import Worker
+from orchestrator.scale import Worker
 from orchestrator.cli import main
 
 from .conftest import target, wait_for
@@ -45,7 +45,7 @@ def test_stats_show_statuses_queues_recoveries_and_step_latency(db_url, thread_w
         wait_for(lambda: orc.store.count_by_status().get("completed") == 5, timeout=30, what="5 runs")
         tw.stop()
         # Given a run whose worker died holding its lease (it is stale until recovered)
-        now = orc.engine.cfg.clock()
+        now = orc.engine.config.clock()
         [(stale, _)] = orc.store.claim_runs(owner="gone", ttl=0.001, now=now - 1, statuses=ACTIVE_STATUSES,
                                             queues=["later"], limit=1)
         assert stale in waiting
@@ -71,7 +71,7 @@ def test_spans_per_run_and_step(sqlite_url, thread_worker):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from orchestrator.contrib.otel import enable_tracing
+    from orchestrator.contrib.otel import Tracing
     from workflows import END, Workflow
 
     exporter = InMemorySpanExporter()
@@ -89,8 +89,7 @@ def test_spans_per_run_and_step(sqlite_url, thread_worker):
 
     wf.edge("fetch", "explode")
     wf.edge("explode", END)
-    with Orchestrator(sqlite_url, workflows=[wf]) as orc:
-        enable_tracing(orc, tracer_provider=provider)
+    with Orchestrator(sqlite_url, workflows=[wf], observers=[Tracing(provider)]) as orc:
         result = orc.run(wf, {}, run_id="t1")
     assert result.status == "failed"
     spans = {s.name: s for s in exporter.get_finished_spans()}

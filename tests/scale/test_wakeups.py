@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engine.events import ACTIVE_STATUSES
+from orchestrator.engine import ACTIVE_STATUSES
 from store import NewEvent
 
 T0 = 1_800_000_000.0

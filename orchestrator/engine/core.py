@@ -1,0 +1,339 @@
+"""``Engine``: the durable core, composed of one part per idea, and the life of a run.
+
+The parts: a ``JournalWriter`` (the one door to the journal), a ``StepRunner`` (a step's attempts
+and events), a ``SagaRunner`` (compensations), a ``Driver`` (the tick loop), a ``Heartbeat``
+(leases) and a ``WorkflowRegistry`` (which code drives which run). The Engine wires them once, from
+constructor arguments (hooks included), and offers the operations on runs: create, restore, drive,
+resume, take over, recover, cancel, compensate, roll back, signal, snapshot. The ``Orchestrator``
+facade adds the sync API, the tools and the audit reads on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from compensations import Compensations
+from orchestrator.engine import rollback
+from orchestrator.engine.driver import Driver
+from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
+from orchestrator.engine.events import EventKind
+from orchestrator.engine.fold import RunState, fold
+from orchestrator.engine.graph_changes import graph_differences
+from orchestrator.engine.journal import ActiveRun, JournalWriter, Observer
+from orchestrator.engine.leases import Heartbeat
+from orchestrator.engine.loader import target_of
+from orchestrator.engine.registry import WorkflowRegistry
+from orchestrator.engine.result import RunResult
+from orchestrator.engine.saga import SagaRunner, has_pending_effects
+from orchestrator.engine.services import ToolsForSteps
+from orchestrator.engine.snapshots import make_snapshot, restore_run
+from orchestrator.engine.steps import StepRunner
+from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError, WorkflowNotFoundError
+from orchestrator.payload import codec
+from orchestrator.payload.redact import JournalRedactor, Redactor
+from store import ConflictError, DuplicateRunError, NewEvent, RunRecord, Store
+from workflows import Workflow
+
+__all__ = ["Engine", "EngineConfig", "default_owner", "make_result"]
+
+_log = logging.getLogger("agentsaga")
+
+
+def default_owner() -> str:
+    """This process's name in leases: ``host:pid:random`` (the pid tells a dead owner on this host)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """The engine's settings and injected time, sleep and randomness (see ``Orchestrator``)."""
+
+    owner: str
+    snapshot_every: int = 100
+    keep_snapshots: int = 3
+    lease_ttl: float = 30.0
+    #: how often held leases are renewed (None: lease_ttl / 3)
+    heartbeat: float | None = None
+    allow_graph_change: bool = False
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    rng: random.Random = field(default_factory=random.Random)
+
+
+class Engine:
+    """The durable core (see the module docstring)."""
+
+    def __init__(self, store: Store, config: EngineConfig, *, workflows: WorkflowRegistry,
+                 compensations: Compensations | None = None, tools: ToolsForSteps | None = None,
+                 redactor: Redactor | None = None, replay: Any = None, observers: Iterable[Observer] = ()) -> None:
+        self.store = store
+        self.config = config
+        self.workflows = workflows
+        self.journal = JournalWriter(store, clock=config.clock, redact=JournalRedactor(redactor or Redactor()),
+                                     snapshot_every=config.snapshot_every, keep_snapshots=config.keep_snapshots,
+                                     observers=observers)
+        self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock, interval=config.heartbeat)
+        steps = StepRunner(self.journal, store=store, clock=config.clock, sleep=config.sleep, rng=config.rng,
+                           registry=compensations, tools=tools, replay=replay)
+        saga = SagaRunner(self.journal, compensations, clock=config.clock, sleep=config.sleep, rng=config.rng,
+                          tools=tools)
+        self.driver = Driver(self.journal, steps, saga, self.heartbeat, store=store, clock=config.clock)
+
+    def close(self) -> None:
+        self.heartbeat.stop()
+
+    # -- starting ----------------------------------------------------------------------------------
+    def create(self, wf: Workflow, input: Any, *, run_id: str | None, lease: bool, parent: dict[str, Any] | None = None,
+               start: list[str] | None = None, **placement: Any) -> ActiveRun | None:
+        """Journal a new run (``RunStarted`` and the run row in one transaction). Leased by this
+        process when ``lease``; None when ``run_id`` exists already for the same workflow."""
+        self.workflows.register(wf)
+        if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
+            raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")
+        rid = run_id or uuid.uuid4().hex
+        data = {
+            "workflow": wf.name, "version": wf.version, "fingerprint": wf.fingerprint, "graph": wf.describe(),
+            "target": target_of(wf), "input": wf.initial_state(input), "start": start or wf.start_steps,
+        }
+        if parent is not None:
+            data["parent"] = parent
+        what = (f"fork of run {parent['run_id']!r} at step {parent['step']!r}" if parent
+                else f"input of workflow {wf.name!r}")
+        text = codec.dumps(data, what=what)
+        cfg = self.config
+        now = cfg.clock()
+        try:
+            token = self.store.create_run(
+                run_id=rid, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
+                target=data["target"] or "", created_at=now, status="running" if lease else "pending",
+                events=[NewEvent(seq=1, kind=EventKind.RUN_STARTED, data=text, at=now)],
+                lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
+                parent_run_id=parent["run_id"] if parent else None,
+                **placement,  # queue, priority, dedup_key (enqueue)
+            )
+        except DuplicateRunError as dup:
+            if run_id is None or dup.existing_run_id != run_id:  # a dedup key's clash: the caller's
+                raise
+            existing = self.store.get_run(run_id)
+            if existing.workflow != wf.name:
+                raise RunStateError(
+                    f"run {run_id!r} already exists for workflow {existing.workflow!r}, not {wf.name!r}"
+                ) from None
+            return None
+        folded = fold([(1, EventKind.RUN_STARTED, codec.loads(text))], wf.reduce)
+        return ActiveRun(rid, wf, token, folded, 0)
+
+    # -- reading and restoring -------------------------------------------------------------------
+    def restore(self, run_id: str, wf: Workflow | None) -> tuple[RunState, int, list[tuple[int, str]]]:
+        """Newest snapshot that verifies + the events after it: (state, snapshot seq, rejected).
+        Without the workflow (not registered here) the state is folded with plain replacement."""
+        if wf is None:
+            events = self.store.events(run_id)
+            return fold((e.seq, e.kind, codec.loads(e.data)) for e in events), 0, []
+        return restore_run(self.store, run_id, wf.reduce)
+
+    def result(self, run_id: str) -> RunResult:
+        """The run's current status and folded state, without driving it."""
+        rec = self.store.get_run(run_id)
+        wf = self.workflows.for_run(rec, required=False)
+        folded, _, _ = self.restore(run_id, wf)
+        return make_result(run_id, wf, folded, status=rec.status)
+
+    # -- driving ---------------------------------------------------------------------------------
+    async def drive(self, run: ActiveRun) -> RunResult:
+        await self.driver.drive(run)
+        return make_result(run.run_id, run.workflow, run.folded)
+
+    async def resume(self, run_id: str, *, force: bool, allow_graph_change: bool | None) -> RunResult:
+        """Continue a run now (``force``: take its lease over, fencing out a previous owner)."""
+        rec = self.store.get_run(run_id)
+        if rec.status in TERMINAL_STATUSES:
+            return self.result(run_id)
+        wf = self.workflows.for_run(rec)
+        assert wf is not None
+        self.check_graph(rec, wf, allow_graph_change)
+        cfg = self.config
+        token = self.store.acquire_lease(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                         force=force, status="running")
+        return await self.drive_claimed(run_id, token, workflow=wf)
+
+    async def drive_claimed(self, run_id: str, token: int, *, workflow: Workflow | None = None,
+                            allow_graph_change: bool | None = None) -> RunResult:
+        """Restore a run whose lease this process holds (``token``), journal ``Resumed``, drive it."""
+        wf = workflow
+        if wf is None:
+            rec = self.store.get_run(run_id)
+            wf = self.workflows.for_run(rec)
+            assert wf is not None
+            self.check_graph(rec, wf, allow_graph_change)
+        folded, snap_seq, rejected = self.restore(run_id, wf)
+        run = ActiveRun(run_id, wf, token, folded, snap_seq)
+        missing = [s for s in {*folded.frontier, *folded.done, *folded.visits} if s not in wf.steps]
+        if missing:
+            raise GraphChangedError(
+                f"run {run_id!r} journaled step(s) {sorted(missing)} that workflow {wf.name!r} no longer has",
+                differences=[f"step {s!r} removed" for s in sorted(missing)],
+            )
+        batch: list[tuple[str, dict[str, Any]]] = [
+            (EventKind.SNAPSHOT_REJECTED, {"seq": seq, "reason": why}) for seq, why in rejected
+        ]
+        # The fencing token is called "lease": a field named "token" reads as a secret to the redactor.
+        batch.append((EventKind.RESUMED, {"owner": self.config.owner, "lease": token,
+                                  "snapshot_seq": snap_seq, "replayed": folded.seq - snap_seq}))
+        self.journal.commit(run, batch)
+        return await self.drive(run)
+
+    async def recover(self, *, limit: int | None = None) -> list[RunResult]:
+        """Resume every interrupted run whose lease has expired (or that was never leased)."""
+        results: list[RunResult] = []
+        cfg = self.config
+        while limit is None or len(results) < limit:
+            claimed = self.store.claim_runs(owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                            statuses=ACTIVE_STATUSES, limit=1)
+            if not claimed:
+                break
+            run_id, token = claimed[0]
+            try:
+                results.append(await self.drive_claimed(run_id, token))
+            except (WorkflowNotFoundError, GraphChangedError) as exc:
+                # Leave the run for a process that has its code; say why, do not fail it.
+                _log.error("recover: run %s skipped: %s", run_id, exc)
+                self.store.release_lease(run_id, token=token, now=cfg.clock())
+                rec = self.store.get_run(run_id)
+                results.append(RunResult(run_id=run_id, status=rec.status, state=None, workflow=rec.workflow,
+                                         seq=self.store.last_seq(run_id), error=str(exc)))
+                if limit is None:
+                    limit = len(results) + 1000  # do not spin on the same unrunnable run
+        return results
+
+    def take_over(self, rec: RunRecord, *, workflow: Workflow | None = None) -> ActiveRun:
+        """Take the run's lease now (fencing out any owner) and restore its state."""
+        wf = workflow or self.workflows.for_run(rec)
+        assert wf is not None
+        cfg = self.config
+        token = self.store.acquire_lease(rec.run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(), force=True)
+        folded, snap_seq, _ = self.restore(rec.run_id, wf)
+        return ActiveRun(rec.run_id, wf, token, folded, snap_seq)
+
+    def check_graph(self, rec: RunRecord, wf: Workflow, allow: bool | None) -> None:
+        """Refuse to continue a run whose workflow's graph or version changed, unless allowed."""
+        if rec.fingerprint == wf.fingerprint and rec.version == wf.version:
+            return
+        first = self.store.events(rec.run_id, after_seq=0, until_seq=1)
+        old_graph = codec.loads(first[0].data).get("graph", {}) if first else {}
+        diffs = graph_differences(old_graph, wf.describe())
+        if rec.version != wf.version:
+            diffs.insert(0, f"version {rec.version!r} -> {wf.version!r}")
+        allowed = self.config.allow_graph_change if allow is None else allow
+        if not allowed:
+            raise GraphChangedError(
+                f"run {rec.run_id!r} started with a different definition of workflow {wf.name!r}: "
+                + "; ".join(diffs or ["graph fingerprint differs"])
+                + ". If the change is compatible, resume with allow_graph_change=True (--allow-graph-change).",
+                differences=diffs,
+            )
+        _log.warning("run %s continues under a changed graph: %s", rec.run_id, "; ".join(diffs))
+
+    # -- operations on a run ---------------------------------------------------------------------
+    async def cancel(self, run_id: str, *, reason: str | None, compensate: bool) -> RunResult:
+        rec = self.store.get_run(run_id)
+        if rec.status in TERMINAL_STATUSES:
+            raise RunStateError(f"run {run_id!r} is already {rec.status}; nothing to cancel")
+        run = self.take_over(rec)
+        why = reason or "cancelled by request"
+        if compensate and has_pending_effects(run.folded):
+            self.journal.commit(run, [(EventKind.SAGA_STARTED, {"reason": "cancel", "after_seq": 0,
+                                                        "error": {"type": "Cancelled", "message": why}})])
+            return await self.drive(run)
+        self.journal.commit(run, [(EventKind.RUN_CANCELLED, {"reason": why, "by": self.config.owner})])
+        return make_result(run_id, run.workflow, run.folded)
+
+    async def compensate(self, run_id: str) -> RunResult:
+        rec = self.store.get_run(run_id)
+        if rec.status != "compensation_failed":
+            raise RunStateError(f"run {run_id!r} is {rec.status}; only a compensation_failed run has compensations "
+                                "to retry")
+        run = self.take_over(rec)
+        self.journal.commit(run, [(EventKind.SAGA_RETRIED, {"by": self.config.owner})])
+        return await self.drive(run)
+
+    async def rollback(self, run_id: str, *, to: int | str, input: dict[str, Any] | None,
+                       next_step: str | None) -> RunResult:
+        rec = self.store.get_run(run_id)
+        if rec.status in ("cancelled", "compensating"):
+            raise RunStateError(f"run {run_id!r} is {rec.status}; it cannot be rolled back")
+        wf = self.workflows.for_run(rec)
+        assert wf is not None
+        if next_step is not None and next_step not in wf.steps:
+            raise RunStateError(f"next_step {next_step!r} is not a step of workflow {wf.name!r}")
+        events = [(e.seq, e.kind, codec.loads(e.data)) for e in self.store.events(run_id)]
+        seq = rollback.checkpoint_seq(run_id, events, to)
+        checkpoint = fold(events[:seq], wf.reduce)
+        if checkpoint.done:
+            raise RunStateError(f"seq {seq} of run {run_id!r} is in the middle of a tick; roll back to a step "
+                                "or to a snapshot's seq")
+        if input is not None:
+            codec.dumps(input, what="rollback input")
+        run = self.take_over(rec, workflow=wf)
+        self.journal.commit(run, [(EventKind.SAGA_STARTED, {
+            "reason": "rollback", "after_seq": seq, "restore": checkpoint.to_json(), "input": input,
+            "next": [next_step] if next_step else None})])
+        return await self.drive(run)
+
+    def signal(self, run_id: str, name: str, data: Any) -> None:
+        """Send signal ``name`` to a run; a waiting run is woken (see ``Orchestrator.signal``)."""
+        rec = self.store.get_run(run_id)
+        if rec.status in TERMINAL_STATUSES:
+            raise RunStateError(f"run {run_id!r} is {rec.status}; it waits for no signal")
+        if not isinstance(name, str) or not name:
+            raise RunStateError(f"a signal needs a name, got {name!r}")
+        if rec.status == "waiting":
+            folded = self.restore(run_id, self.workflows.for_run(rec, required=False))[0]
+            waiting_for = sorted({key.split(":", 1)[1] for key in folded.waits})
+            if waiting_for and name not in waiting_for:
+                raise RunStateError(f"run {run_id!r} is waiting for {', '.join(map(repr, waiting_for))}, "
+                                    f"not {name!r}")
+        text = codec.dumps(data, what=f"data of signal {name!r}")
+        now = self.config.clock()
+        self.store.send_signal(run_id, name, text, now=now)
+        self.store.wake(run_id, now=now)
+
+    def snapshot(self, run_id: str) -> int:
+        """Write a snapshot of the run now (on demand) and return its seq (see ``Orchestrator.snapshot``)."""
+        rec = self.store.get_run(run_id)
+        folded = self.restore(run_id, self.workflows.for_run(rec, required=False))[0]
+        cfg = self.config
+        snap = make_snapshot(folded, "on_demand", cfg.clock())
+        if any(s.seq == snap.seq for s in self.store.snapshots(run_id)):
+            return snap.seq
+        try:
+            self.store.append(run_id, [], token=rec.lease_token, now=cfg.clock(), snapshot=snap,
+                              keep_snapshots=cfg.keep_snapshots)
+        except ConflictError:
+            pass  # the driving process wrote one at this seq first
+        return snap.seq
+
+
+def make_result(run_id: str, wf: Workflow | None, folded: RunState, *, status: str | None = None) -> RunResult:
+    """A ``RunResult`` from a folded run: the state as the workflow's model when it has one."""
+    state: Any = folded.state
+    if wf is not None and wf.state_model is not None:
+        try:
+            state = wf.view(folded.state)
+        except Exception:  # a state that no longer validates is still shown, as a dict
+            state = dict(folded.state)
+    error = None
+    if folded.error:
+        error = f"{folded.error.get('type')}: {folded.error.get('message')}"
+    return RunResult(run_id=run_id, status=status or folded.status, state=state,
+                     workflow=wf.name if wf else "", seq=folded.seq, error=error)

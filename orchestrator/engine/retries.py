@@ -1,0 +1,81 @@
+"""Retrying a step: its ``Retry`` policy on tenacity, with the engine's injected sleep and random
+source, and step timeouts.
+
+Failed attempts are journaled one by one (``StepFailed`` with the delay before the next attempt),
+so the attempt count survives a crash: ``prior`` is the number already journaled, and the backoff
+continues where a crashed process left it. A step that runs once (the default policy) skips
+tenacity entirely, which keeps the common path short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_base
+
+from orchestrator.errors import EncodingError, InDoubtError, PermanentToolError, RetryableToolError, StepTimeoutError
+from workflows import Retry
+
+__all__ = ["NEVER_RETRY", "attempts", "with_timeout"]
+
+#: Errors a retry cannot fix, whatever the step's policy says: the tool answered "no", the effect is
+#: in doubt, or the output cannot be journaled.
+NEVER_RETRY = (PermanentToolError, InDoubtError, EncodingError)
+
+
+class _PolicyWait(wait_base):
+    """tenacity wait strategy reading the step's Retry policy and the injected random source."""
+
+    def __init__(self, policy: Retry, offset: int, rng: random.Random) -> None:
+        self.policy = policy
+        self.offset = offset
+        self.rng = rng
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        delay = self.policy.backoff(self.offset + retry_state.attempt_number, self.rng.random())
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(error, RetryableToolError) and error.retry_after is not None:
+            delay = max(delay, error.retry_after)  # the server said when: never call back sooner
+        return delay
+
+
+async def attempts(once: Callable[[], Awaitable[Any]], policy: Retry, *, prior: int, rng: random.Random,
+                   sleep: Callable[[float], Awaitable[None]],
+                   on_retry: Callable[[BaseException | None, float], None]) -> Any:
+    """Call ``once`` until it succeeds or the policy gives up (then its last error is raised).
+
+    ``prior`` attempts were journaled before (by this or a crashed process); ``on_retry(error,
+    delay)`` journals a failed attempt before the engine sleeps ``delay`` seconds.
+    """
+    remaining = policy.attempts - prior
+    if remaining <= 1:
+        return await once()
+
+    async def before_sleep(state: RetryCallState) -> None:
+        on_retry(state.outcome.exception() if state.outcome else None, state.upcoming_sleep)
+
+    retrying = AsyncRetrying(
+        sleep=sleep,
+        stop=stop_after_attempt(remaining),
+        wait=_PolicyWait(policy, prior, rng),
+        retry=retry_if_exception(lambda e: isinstance(e, Exception) and not isinstance(e, NEVER_RETRY)
+                                 and policy.should_retry(e)),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    return await retrying(once)
+
+
+async def with_timeout(awaitable: Awaitable[Any], timeout: float, name: str) -> Any:
+    """``awaitable`` bounded by ``timeout`` seconds; ``StepTimeoutError`` names the step."""
+    try:
+        async with asyncio.timeout(timeout) as scope:
+            return await awaitable
+    except TimeoutError:
+        if scope.expired():
+            raise StepTimeoutError(f"step {name!r} timed out after {timeout:g}s") from None
+        raise

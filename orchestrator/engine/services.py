@@ -1,0 +1,51 @@
+"""What the engine asks of the outside world, as protocols: the engine knows no HTTP.
+
+The Orchestrator hands the engine an object that makes a step attempt's tools (``ctx.http``,
+``ctx.ahttp``, step breakers); ``orchestrator.tools.ToolBox`` is the one it uses. Keeping this a
+protocol is what lets ``engine/`` import nothing above it (see the import contracts in
+pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+__all__ = ["StepTools", "ToolsForSteps", "DurableCalls"]
+
+
+class DurableCalls(Protocol):
+    """A step execution's durable calls (``ctx.durable_call`` / ``ctx.adurable_call``)."""
+
+    def durable_call(self, kind: str, request: Any, perform: Callable[[], Any]) -> Any: ...
+
+    async def adurable_call(self, kind: str, request: Any, perform: Callable[[], Awaitable[Any]]) -> Any: ...
+
+
+class StepTools(Protocol):
+    """The tools of one step attempt, and what they recorded for its journal event."""
+
+    #: one record per HTTP request the attempt made (journaled with the attempt's outcome)
+    calls: list[dict[str, Any]]
+    #: breaker transitions the attempt caused (journaled likewise)
+    transitions: list[dict[str, Any]]
+
+    @property
+    def http(self) -> Any: ...
+
+    @property
+    def ahttp(self) -> Any: ...
+
+    async def guard(self, breaker: Any, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``call`` behind the step's circuit breaker (a name or a BreakerConfig)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class ToolsForSteps(Protocol):
+    """Makes each step attempt's tools; closed with the Orchestrator."""
+
+    def for_step(self, *, key: str | None, attempt: int, durable: DurableCalls | None) -> StepTools: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,71 @@
+"""Snapshots: the fold of a run's journal up to a seq, stored with its sha256, and restoring a run.
+
+A snapshot is only an optimisation and is always verifiable (invariant 2): ``restore_run`` takes
+the newest snapshot that verifies and folds the events after it, so
+``fold(snapshot_n + events after n) == fold(all events)``; a snapshot whose hash, layout or seq
+does not check out is skipped (and reported), never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from orchestrator.engine.fold import Reduce, RunState, fold
+from orchestrator.payload import codec
+from store import NewSnapshot, SnapshotRecord, Store
+
+__all__ = ["SNAPSHOT_SCHEMA", "make_snapshot", "snapshot_problem", "restore_run"]
+
+_log = logging.getLogger("agentsaga.engine")
+
+#: Layout version of a snapshot's JSON; a snapshot of another version is skipped, never trusted.
+SNAPSHOT_SCHEMA = 1
+
+
+def make_snapshot(folded: RunState, trigger: str, now: float) -> NewSnapshot:
+    """The run state as canonical JSON text with its sha256."""
+    text = codec.canonical_dumps(folded.to_json(), what="snapshot")
+    return NewSnapshot(
+        seq=folded.seq,
+        state=text,
+        sha256=hashlib.sha256(text.encode()).hexdigest(),
+        trigger=trigger,
+        created_at=now,
+        schema_version=SNAPSHOT_SCHEMA,
+    )
+
+
+def snapshot_problem(snap: SnapshotRecord) -> str | None:
+    """Why a snapshot cannot be trusted, or None when it verifies (invariant 2)."""
+    if snap.schema_version != SNAPSHOT_SCHEMA:
+        return f"snapshot layout version {snap.schema_version} is not {SNAPSHOT_SCHEMA}"
+    digest = hashlib.sha256(snap.state.encode()).hexdigest()
+    if digest != snap.sha256:
+        return f"sha256 mismatch (stored {snap.sha256[:12]}..., computed {digest[:12]}...)"
+    return None
+
+
+def restore_run(store: Store, run_id: str, reduce: Reduce) -> tuple[RunState, int, list[tuple[int, str]]]:
+    """Newest snapshot that verifies + the events after it. Returns (state, snapshot seq, rejected)."""
+    rejected: list[tuple[int, str]] = []
+    folded: RunState | None = None
+    snap_seq = 0
+    for snap in store.snapshots(run_id):
+        problem = snapshot_problem(snap)
+        if problem is None:
+            try:
+                candidate = RunState.from_json(codec.loads(snap.state))
+            except (ValueError, TypeError, KeyError) as exc:
+                problem = f"cannot decode: {exc}"
+            else:
+                if candidate.seq != snap.seq:
+                    problem = f"snapshot says seq {candidate.seq}, stored at seq {snap.seq}"
+                else:
+                    folded, snap_seq = candidate, snap.seq
+                    break
+        _log.warning("run %s: snapshot at seq %d skipped: %s", run_id, snap.seq, problem)
+        rejected.append((snap.seq, problem))
+    events = store.events(run_id, after_seq=folded.seq if folded else 0)
+    folded = fold(((e.seq, e.kind, codec.loads(e.data)) for e in events), reduce, start=folded)
+    return folded, snap_seq, rejected

@@ -1,0 +1,292 @@
+"""Running one step of a tick: its attempts, its journal events, its routing decision.
+
+Per step the cost aims at one commit (docs/guarantees.md, "cost model"): a plain step's start is
+written together with its completion (one transaction holding the output, the trace, the timings
+and the routing decision); only effects, and steps that ask for it with ``durable_start=True``,
+commit a ``StepStarted`` before they run (invariant 4: intent before effect). Routing is decided
+when the step completes and journaled with it (invariant 3). A step that fails for good is
+journaled as such and either follows its failure route or gives up (``GaveUp``), and the driver
+then fails the run or starts its saga.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from compensations import Compensations, resolve_check, resolve_compensation
+from orchestrator.engine.context import StepContext
+from orchestrator.engine.durable import DurableExecution, Suspend
+from orchestrator.engine.events import EventKind
+from orchestrator.engine.journal import ActiveRun, JournalWriter
+from orchestrator.engine.retries import attempts, with_timeout
+from orchestrator.engine.services import ToolsForSteps
+from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError
+from orchestrator.payload import codec
+from orchestrator.payload.exceptions import error_record
+from store import Store, StoreError
+from workflows.errors import RoutingError
+
+__all__ = ["StepRunner", "GaveUp"]
+
+
+class GaveUp(Exception):
+    """A step failed for good (retries exhausted or a permanent error) and has no failure route."""
+
+    def __init__(self, step: str, error: dict[str, Any]) -> None:
+        self.step = step
+        self.error = error
+        super().__init__(f"step {step!r} failed: {error['type']}: {error['message']}")
+
+
+class _Permanent(Exception):
+    """Wraps an error that retrying cannot fix (bad output, routing, loop bound)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+
+class StepRunner:
+    """Runs steps of active runs and journals what they did."""
+
+    def __init__(self, journal: JournalWriter, *, store: Store, clock: Callable[[], float],
+                 sleep: Callable[[float], Awaitable[None]], rng: random.Random,
+                 registry: Compensations | None = None, tools: ToolsForSteps | None = None,
+                 replay: Any = None) -> None:
+        self.journal = journal
+        self.store = store
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng
+        self.registry = registry
+        self.tools = tools
+        self.replay = replay
+
+    async def run(self, run: ActiveRun, name: str, *, offload: bool) -> None:
+        """Execute step ``name`` of the current tick to completion, a failure route, or giving up."""
+        wf = run.workflow
+        step = wf.steps[name]
+        folded = run.folded
+        tick = folded.tick
+        prior = folded.failures.get(name, 0)
+        bound = step.max_visits or wf.max_visits
+        if folded.visits.get(name, 0) >= bound:
+            where = "its max_visits" if step.max_visits else f"workflow {wf.name!r} max_visits"
+            self.fail(run, name, prior + 1, LoopLimitError(f"step {name!r} would run more than {bound} times ({where})"))
+            return
+        view = wf.view(folded.state)
+        input_ref = self.input_ref(run, name)
+        key = idempotency_key(run, name) if step.effect else None
+        failure = folded.routed_errors.get(name)
+        if step.effect and name in folded.in_flight:
+            # Invariant 4: the intent is journaled but not the outcome. Never a blind duplicate.
+            if await self.reconcile(run, name, view, key):
+                return
+        if step.journals_start:
+            started: dict[str, Any] = {"step": name, "tick": tick, "attempt": prior + 1, "input": input_ref}
+            if key is not None:
+                started["key"] = key
+            self.journal.commit(run, [(EventKind.STEP_STARTED, started)])
+        attempt = prior
+        holder: list[StepContext] = []
+
+        async def attempt_once() -> Any:
+            nonlocal attempt
+            attempt += 1
+            ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
+                              clock=self.clock, failure=failure, idempotency_key=key, tools=self.tools,
+                              durable=lambda: DurableExecution(self.journal, run, name, tick, signals=self.store,
+                                                               clock=self.clock, replay=self.replay))
+            holder[:] = [ctx]
+            try:
+                if step.breaker is None:
+                    return await self.call(step, ctx, view, offload)
+                return await ctx.tools.guard(step.breaker, lambda: self.call(step, ctx, view, offload))
+            finally:
+                if ctx.used_tools is not None:
+                    await ctx.used_tools.aclose()
+
+        def journal_retry(exc: BaseException | None, delay: float) -> None:
+            data = {
+                "step": name, "tick": tick, "attempt": attempt,
+                "error": error_record(exc) if exc else {"type": "unknown", "message": ""},
+                "retry_in": round(delay, 6), "final": False,
+            }
+            _add_records(data, holder)
+            self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
+
+        started_at = time.perf_counter()
+        try:
+            result = await attempts(attempt_once, step.retry, prior=prior, rng=self.rng, sleep=self.sleep,
+                                    on_retry=journal_retry)
+        except Suspend as suspend:
+            # The step waits for a signal or a timer: journal that (the run becomes waiting).
+            # Journaled on every suspension (also when a woken step waits again), so the journal alone
+            # says the run is waiting (invariant 2); the timeout or wake-up time is kept from the first.
+            self.journal.commit(run, [(suspend.kind, dict(suspend.data))])
+            raise
+        except (StoreError, asyncio.CancelledError):
+            raise  # the journal is unreachable or the lease is gone: stop, do not record a failure
+        except Exception as exc:
+            self.fail(run, name, attempt, exc, records=holder)
+            return
+        ms = round((time.perf_counter() - started_at) * 1000, 3)
+        ctx = holder[0]
+        try:
+            update = wf.normalise_update(name, result)
+            next_steps = self.route(run, name, update)
+        except _Permanent as permanent:
+            self.fail(run, name, attempt, permanent.error)
+            return
+        except Exception as exc:
+            self.fail(run, name, attempt, exc)
+            return
+        data: dict[str, Any] = {"step": name, "tick": tick, "attempt": attempt, "input": input_ref,
+                                "update": update, "next": next_steps, "ms": ms, "lease": run.token}
+        traces = ctx.traces
+        if traces:
+            data["trace"] = traces
+        _add_records(data, holder)
+        joins = wf.join_targets(name)
+        if joins:
+            data["join"] = joins
+        if step.effect:
+            data["effect"] = True
+            data["key"] = key
+            data["compensable"] = resolve_compensation(step, self.registry) is not None
+        try:
+            self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
+        except EncodingError:
+            # Say which part of the step's output is at fault, then fail the step for good.
+            try:
+                codec.dumps(update, what=f"output of step {name!r}")
+                codec.dumps(traces, what=f"trace of step {name!r}")
+                raise
+            except EncodingError as precise:
+                self.fail(run, name, attempt, precise)
+
+    @staticmethod
+    def input_ref(run: ActiveRun, name: str) -> dict[str, Any]:
+        """What the step read: the fields it declared (``reads=``), else the seq its input state was formed at."""
+        step = run.workflow.steps[name]
+        if step.reads is not None:
+            state = run.folded.state
+            return {"reads": {k: state.get(k) for k in step.reads}}
+        return {"state_at": run.folded.state_seq}
+
+    async def reconcile(self, run: ActiveRun, name: str, view: Any, key: str | None) -> bool:
+        """Settle an effect left in doubt by a crash. True when it was found done (and journaled).
+
+        With a check hook, ask it: it returns the step's update if the effect happened, None if not
+        (then the step is re-sent with the same key). Without one, a step that declares its key
+        honoured (``resend=True``, the default) is re-sent with the same key; ``resend=False``
+        fails the step with ``InDoubtError``.
+        """
+        wf = run.workflow
+        step = wf.steps[name]
+        folded = run.folded
+        check = resolve_check(step, self.registry)
+        if check is not None:
+            ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=folded.failures.get(name, 0) + 1,
+                              tick=folded.tick, clock=self.clock, idempotency_key=key)
+            found = check(ctx, view)
+            if inspect.isawaitable(found):
+                found = await found
+            if found is None:
+                return False
+            update = wf.normalise_update(name, found)
+            data: dict[str, Any] = {
+                "step": name, "tick": folded.tick, "attempt": ctx.attempt, "input": self.input_ref(run, name),
+                "update": update, "next": self.route(run, name, update), "ms": 0.0, "reconciled": "check",
+                "effect": True, "key": key, "compensable": resolve_compensation(step, self.registry) is not None,
+            }
+            joins = wf.join_targets(name)
+            if joins:
+                data["join"] = joins
+            self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
+            return True
+        if step.resend is False:
+            self.fail(run, name, folded.failures.get(name, 0) + 1, InDoubtError(
+                f"effect step {name!r} (key {key!r}) may or may not have happened: it has no check hook and "
+                "resend=False, so it is not sent again"))
+            return True
+        return False
+
+    @staticmethod
+    def route(run: ActiveRun, name: str, update: dict[str, Any]) -> list[str]:
+        """Where the step goes next, decided now and journaled with its completion (invariant 3)."""
+        wf = run.workflow
+        if name not in wf.routes and wf.state_model is None:
+            return wf.successors(name, None)
+        after = dict(run.folded.state)
+        # The router sees the update as returned; whether it can be journaled is checked at commit.
+        wf.reduce(after, update)
+        if wf.state_model is not None:
+            try:
+                wf.check_state(name, after)
+            except Exception as exc:
+                raise _Permanent(TypeError(f"step {name!r} produced an invalid state: {exc}")) from exc
+        if name not in wf.routes:
+            return wf.successors(name, None)
+        try:
+            return wf.successors(name, wf.view(after))
+        except RoutingError as exc:
+            raise _Permanent(exc) from exc
+        except Exception as exc:
+            raise _Permanent(RoutingError(f"router of step {name!r} raised {type(exc).__name__}: {exc}", step=name)) from exc
+
+    def fail(self, run: ActiveRun, name: str, attempt: int, exc: BaseException,
+             records: list[StepContext] | None = None) -> None:
+        """Journal a final failure; follow the failure route if the step has one, else give up."""
+        step = run.workflow.steps[name]
+        error = error_record(exc)
+        data: dict[str, Any] = {"step": name, "tick": run.folded.tick, "attempt": max(attempt, 1), "error": error,
+                                "retry_in": None, "final": True}
+        if records:
+            _add_records(data, records)
+        if step.on_failure:
+            data["route"] = step.on_failure
+            self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
+            return
+        self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
+        raise GaveUp(name, error)
+
+    @staticmethod
+    async def call(step: Any, ctx: StepContext, view: Any, offload: bool) -> Any:
+        """Call the step function: async on the loop; sync inline, or on a thread when running in
+        parallel or under a timeout (a thread cannot be stopped: a timed-out sync step is abandoned,
+        its result ignored)."""
+        timeout = step.timeout
+        if step.is_async:
+            if timeout is None:
+                return await step.fn(ctx, view)
+            return await with_timeout(step.fn(ctx, view), timeout, step.name)
+        if timeout is None and not offload:
+            return step.fn(ctx, view)
+        job = asyncio.to_thread(step.fn, ctx, view)
+        if timeout is None:
+            return await job
+        return await with_timeout(job, timeout, step.name)
+
+
+def idempotency_key(run: ActiveRun, name: str) -> str:
+    """(run, step, tick[, rollback epoch]): stable across retries and recoveries of one execution,
+    different for each loop iteration and after a rollback."""
+    base = f"{run.run_id}:{name}:{run.folded.tick}"
+    return base if run.folded.epoch == 0 else f"{base}:{run.folded.epoch}"
+
+
+def _add_records(data: dict[str, Any], holder: list[StepContext]) -> None:
+    """The attempt's tool calls and breaker transitions go into its journal event."""
+    tools = holder[0].used_tools if holder else None
+    if tools is None:
+        return
+    if tools.calls:
+        data["calls"] = list(tools.calls)
+    if tools.transitions:
+        data["breakers"] = list(tools.transitions)
