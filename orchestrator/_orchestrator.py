@@ -227,8 +227,8 @@ class Orchestrator(AuditMixin, QueueMixin):
                                     f"not {name!r}")
         text = codec.dumps(data, what=f"data of signal {name!r}")
         now = self.engine.cfg.clock()
-        self.store.send_signal(run_id, name, text, now=now)
-        self.store.wake(run_id, now=now)
+        self.store.signals.send(run_id, name, text, now=now)
+        self.store.wakeups.wake(run_id, now=now)
 
     def compensate(self, run_id: str) -> RunResult:
         """Retry the remaining compensations of a run left ``compensation_failed``."""
@@ -268,7 +268,7 @@ class Orchestrator(AuditMixin, QueueMixin):
         results: list[RunResult] = []
         cfg = self.engine.cfg
         while limit is None or len(results) < limit:
-            claimed = self.store.claim_runs(owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+            claimed = self.store.queues.claim(owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                             statuses=ACTIVE_STATUSES, limit=1)
             if not claimed:
                 break
@@ -278,7 +278,7 @@ class Orchestrator(AuditMixin, QueueMixin):
             except (WorkflowNotFoundError, GraphChangedError) as exc:
                 # Leave the run for a process that has its code; say why, do not fail it.
                 _log.error("recover: run %s skipped: %s", run_id, exc)
-                self.store.release_lease(run_id, token=token, now=cfg.clock())
+                self.store.leases.release(run_id, token=token, now=cfg.clock())
                 rec = self.store.get_run(run_id)
                 results.append(RunResult(run_id=run_id, status=rec.status, state=None, workflow=rec.workflow,
                                          seq=self.store.last_seq(run_id), error=str(exc)))
@@ -336,7 +336,7 @@ class Orchestrator(AuditMixin, QueueMixin):
         """Take the run's lease now (fencing out any owner) and restore its state."""
         wf = workflow or self._workflow_for(rec)
         cfg = self.engine.cfg
-        token = self.store.acquire_lease(rec.run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+        token = self.store.leases.acquire(rec.run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                          force=True)
         rs, snap_seq, _ = self.engine.restore(rec.run_id, wf)
         return Live(rec.run_id, wf, token, rs, snap_seq)
@@ -397,7 +397,7 @@ class Orchestrator(AuditMixin, QueueMixin):
         wf = self._workflow_for(rec)
         self._check_graph(rec, wf, allow)
         cfg = self.engine.cfg
-        token = self.store.acquire_lease(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+        token = self.store.leases.acquire(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                          force=force, status="running")
         return await self._drive_claimed(run_id, token, allow=allow, workflow=wf)
 

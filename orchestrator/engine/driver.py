@@ -266,8 +266,8 @@ class Engine:
 
     def park(self, live: Live, wake_at: float) -> None:
         """The run waits: claims skip it until ``wake_at`` (or a signal wakes it); the lease goes."""
-        self.store.set_wake_at(live.run_id, token=live.token, wake_at=wake_at, now=self.cfg.clock())
-        self.store.release_lease(live.run_id, token=live.token, now=self.cfg.clock())
+        self.store.wakeups.park(live.run_id, token=live.token, wake_at=wake_at, now=self.cfg.clock())
+        self.store.leases.release(live.run_id, token=live.token, now=self.cfg.clock())
 
     async def on_run_failure(self, live: Live, failures: list[_GaveUp]) -> None:
         """A step gave up with no failure route: the run fails (the saga layer compensates first)."""

@@ -162,7 +162,7 @@ class StepRuntime:
         if key in rs.received:
             return rs.received[key]
         engine = self.engine
-        pending = engine.store.pending_signals(self.live.run_id, name)
+        pending = engine.store.signals.pending(self.live.run_id, name)
         if pending:
             signal_id, _, data_text, sent_at = pending[0]
             engine.commit(self.live, [(DurableKind.SIGNAL_RECEIVED, {

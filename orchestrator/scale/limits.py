@@ -13,7 +13,7 @@ Worker(url, ["app.flows:signup"], concurrency=8, limits=limits).run()
 ```
 
 - ``QueueLimit.concurrency``: runs of the queue leased at once, by all workers together. Enforced
-  by the claim itself (``store.claim_from_queue``): a lease *is* an in-flight run, so a worker
+  by the claim itself (``store.queues.claim_from``): a lease *is* an in-flight run, so a worker
   that dies frees its share when its leases expire, and nothing has to be kept in step.
 - ``QueueLimit.worker_concurrency``: runs of the queue one worker drives at once.
 - ``QueueLimit.rate``: ``(n, seconds)``: at most n runs of the queue handed to workers in any
@@ -177,7 +177,7 @@ class _Pair:
 
 
 class CallLimits:
-    """Slots for in-flight calls per tool name, shared through the store (``store.acquire_slot``).
+    """Slots for in-flight calls per tool name, shared through the store (``store.slots.acquire``).
 
     Waiting for a slot polls with a short backoff (10 ms growing to 250 ms): a caller that waits is
     busy by definition, and a slot frees when another call *returns*, which no notification would
@@ -203,7 +203,7 @@ class CallLimits:
     # -- acquiring ------------------------------------------------------------------------------
     def try_acquire(self, name: str) -> _Held | None:
         holder = f"{self.owner}:{uuid.uuid4().hex[:12]}"
-        idx = self.store.acquire_slot(name, limit=self.limits[name], holder=holder, ttl=self.ttl, now=self.clock())
+        idx = self.store.slots.acquire(name, limit=self.limits[name], holder=holder, ttl=self.ttl, now=self.clock())
         if idx is None:
             return None
         held = _Held(name, idx, holder, time.monotonic())
@@ -244,7 +244,7 @@ class CallLimits:
         with self._lock:
             self._held.pop((held.name, held.idx, held.holder), None)
         try:
-            self.store.release_slot(held.name, held.idx, holder=held.holder)
+            self.store.slots.release(held.name, held.idx, holder=held.holder)
         except StoreError as exc:  # it expires on its own within ttl
             _log.warning("could not release slot %d of tool %r: %s", held.idx, held.name, exc)
 
@@ -311,7 +311,7 @@ class CallLimits:
             if now_mono - h.since > self.max_hold:
                 continue
             try:
-                if not self.store.renew_slot(h.name, h.idx, holder=h.holder, ttl=self.ttl, now=self.clock()):
+                if not self.store.slots.renew(h.name, h.idx, holder=h.holder, ttl=self.ttl, now=self.clock()):
                     _log.warning("slot %d of tool %r expired while held (the process stalled?)", h.idx, h.name)
             except StoreError as exc:
                 _log.warning("could not renew slot %d of tool %r: %s", h.idx, h.name, exc)

@@ -77,7 +77,7 @@ class QueueMixin:
     def retry_dead(self, run_id: str) -> str:
         """Put a ``dead`` run back to the status it had before, for workers to pick up now; returns
         that status. Its failure count starts again from zero."""
-        restored = self.store.revive(run_id, now=self.engine.cfg.clock(), by=self.engine.cfg.owner)
+        restored = self.store.failures.revive(run_id, now=self.engine.cfg.clock(), by=self.engine.cfg.owner)
         if restored is None:
             status = self.store.get_run(run_id).status
             raise RunStateError(f"run {run_id!r} is {status}, not dead; only a dead run can be retried this way "
@@ -89,7 +89,7 @@ class QueueMixin:
         ``{"at", "owner", "kind", "error", "recoveries", "status"}``."""
         return [{"at": at, "owner": owner, "kind": kind, "error": json.loads(error) if error else None,
                  "recoveries": recoveries, "status": status}
-                for at, owner, kind, error, recoveries, status in self.store.failures(run_id)]
+                for at, owner, kind, error, recoveries, status in self.store.failures.for_run(run_id)]
 
     def stats(self, *, runs: int = 500) -> Stats:
         """Runs by status, queue depths, recoveries and step latency percentiles (over the newest

@@ -38,7 +38,7 @@ class Listening(threading.Thread):
         while not self.stop.is_set():
             if listener is None:
                 try:
-                    listener = self.store.listener()
+                    listener = self.store.wakeups.listener()
                 except StoreError:
                     self.listening = False
                     self.stop.wait(backoff)

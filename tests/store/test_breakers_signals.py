@@ -11,7 +11,7 @@ from store import ConflictError, RunNotFoundError, open_store
 
 
 def test_unknown_breaker_reads_as_absent(store):
-    assert store.get_breaker("search-api") == (None, 0)
+    assert store.breakers.get("search-api") == (None, 0)
 
 
 def test_breaker_compare_and_set(db_url):
@@ -19,14 +19,14 @@ def test_breaker_compare_and_set(db_url):
     a, b = open_store(db_url), open_store(db_url)
     try:
         # When both try to create it
-        assert a.cas_breaker("api", state='{"open": true}', expected_version=0, now=T0) is True
-        assert b.cas_breaker("api", state='{"open": false}', expected_version=0, now=T0) is False
+        assert a.breakers.compare_and_set("api", state='{"open": true}', expected_version=0, now=T0) is True
+        assert b.breakers.compare_and_set("api", state='{"open": false}', expected_version=0, now=T0) is False
         # Then the first write won, at version 1, and both see it
-        assert b.get_breaker("api") == ('{"open": true}', 1)
+        assert b.breakers.get("api") == ('{"open": true}', 1)
         # When both update from version 1, the second (now stale) writer loses again
-        assert b.cas_breaker("api", state='{"half": 1}', expected_version=1, now=T0 + 1) is True
-        assert a.cas_breaker("api", state='{"half": 2}', expected_version=1, now=T0 + 1) is False
-        assert a.get_breaker("api") == ('{"half": 1}', 2)
+        assert b.breakers.compare_and_set("api", state='{"half": 1}', expected_version=1, now=T0 + 1) is True
+        assert a.breakers.compare_and_set("api", state='{"half": 2}', expected_version=1, now=T0 + 1) is False
+        assert a.breakers.get("api") == ('{"half": 1}', 2)
     finally:
         a.close()
         b.close()
@@ -38,30 +38,30 @@ def test_breaker_compare_and_set(db_url):
 def test_signals_are_pending_until_consumed(store):
     # Given a run, and signals sent to it
     new_run(store, "r1")
-    first = store.send_signal("r1", "approve", '{"by": "ann"}', now=T0 + 1)
-    second = store.send_signal("r1", "comment", '"hi"', now=T0 + 2)
+    first = store.signals.send("r1", "approve", '{"by": "ann"}', now=T0 + 1)
+    second = store.signals.send("r1", "comment", '"hi"', now=T0 + 2)
     # Then both are pending, oldest first, and can be filtered by name
-    assert store.pending_signals("r1") == [
+    assert store.signals.pending("r1") == [
         (first, "approve", '{"by": "ann"}', T0 + 1),
         (second, "comment", '"hi"', T0 + 2),
     ]
-    assert [s[0] for s in store.pending_signals("r1", "comment")] == [second]
+    assert [s[0] for s in store.signals.pending("r1", "comment")] == [second]
     # When one is consumed, it is no longer pending; consuming it again conflicts
-    store.consume_signal(first)
-    assert [s[0] for s in store.pending_signals("r1")] == [second]
+    store.signals.consume(first)
+    assert [s[0] for s in store.signals.pending("r1")] == [second]
     with pytest.raises(ConflictError):
-        store.consume_signal(first)
+        store.signals.consume(first)
 
 
 def test_append_consumes_signals_in_the_same_transaction(store):
     # Given a pending signal
     token = new_run(store, "r1")
-    sid = store.send_signal("r1", "approve", "{}", now=T0)
+    sid = store.signals.send("r1", "approve", "{}", now=T0)
     # When the event recording it is appended together with consuming it
     store.append("r1", [ev(2, "SignalReceived")], token=token, now=T0, consume_signals=[sid])
     # Then the event exists and the signal is consumed
     assert [e.kind for e in store.events("r1")] == ["StepCompleted", "SignalReceived"]
-    assert store.pending_signals("r1") == []
+    assert store.signals.pending("r1") == []
     # And a second append consuming it again writes nothing (someone else handled it)
     with pytest.raises(ConflictError):
         store.append("r1", [ev(3, "SignalReceived")], token=token, now=T0, consume_signals=[sid])
@@ -71,15 +71,15 @@ def test_append_consumes_signals_in_the_same_transaction(store):
 def test_append_cannot_consume_another_runs_signal(store):
     token = new_run(store, "r1")
     new_run(store, "r2")
-    theirs = store.send_signal("r2", "approve", "{}", now=T0)
+    theirs = store.signals.send("r2", "approve", "{}", now=T0)
     with pytest.raises(ConflictError):
         store.append("r1", [ev(2)], token=token, now=T0, consume_signals=[theirs])
     assert store.last_seq("r1") == 1
-    assert [s[0] for s in store.pending_signals("r2")] == [theirs]
+    assert [s[0] for s in store.signals.pending("r2")] == [theirs]
 
 
 def test_signals_to_unknown_run_raise(store):
     with pytest.raises(RunNotFoundError):
-        store.send_signal("ghost", "approve", "{}", now=T0)
+        store.signals.send("ghost", "approve", "{}", now=T0)
     with pytest.raises(RunNotFoundError):
-        store.pending_signals("ghost")
+        store.signals.pending("ghost")

@@ -101,7 +101,7 @@ def test_closed_store_refuses_work(db_url):
 def test_invalid_arguments_are_value_errors_and_write_nothing(store):
     token = new_run(store, "r1")
     with pytest.raises(ValueError):
-        store.acquire_lease("r1", owner="w", ttl=0, now=T0)
+        store.leases.acquire("r1", owner="w", ttl=0, now=T0)
     with pytest.raises(ValueError):
         store.create_run(run_id="r2", workflow="w", version="1", fingerprint="f", target="{}",
                          created_at=T0, events=[], lease_owner="w")
