@@ -1,4 +1,4 @@
-"""The store contract: leases and fencing (invariant 6). Runs on SQLite and on Postgres.
+"""The store contract: `store.leases` and fencing (invariant 6). Runs on SQLite and on Postgres.
 
 Times are explicit `now` values: the store never reads the clock, so expiry is exact.
 """
@@ -120,15 +120,3 @@ def test_lease_operations_on_unknown_run_raise_run_not_found(store):
         store.leases.renew("ghost", token=1, ttl=1, now=T0)
     with pytest.raises(RunNotFoundError):
         store.leases.release("ghost", token=1, now=T0)
-
-
-def test_set_wake_at_parks_the_run(store):
-    # Given a leased run
-    token = new_run(store, "r1", owner="w1")
-    # When it is parked until T0 + 100 while suspended
-    store.wakeups.park("r1", token=token, wake_at=T0 + 100, now=T0 + 1, status="suspended")
-    # Then wake_at and status are recorded; clearing wake_at works too
-    run = store.get_run("r1")
-    assert (run.wake_at, run.status, run.updated_at) == (T0 + 100, "suspended", T0 + 1)
-    store.wakeups.park("r1", token=token, wake_at=None, now=T0 + 2)
-    assert store.get_run("r1").wake_at is None

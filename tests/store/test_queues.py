@@ -1,4 +1,7 @@
-"""The store contract: workers claiming runs. Runs on SQLite and on Postgres."""
+"""The store contract: `store.queues`, workers claiming runs. Runs on SQLite and on Postgres.
+
+Limits on a queue (`claim_from`, `in_flight`) are tested with the worker, in tests/scale/test_limits.py.
+"""
 
 from __future__ import annotations
 
