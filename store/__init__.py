@@ -1,9 +1,12 @@
-"""agentsaga's store: runs, an append-only journal, snapshots, leases, breaker state and
-signals, on SQLite (the embedded default) or Postgres. Payloads are opaque JSON text.
+"""agentsaga's store: runs, an append-only journal and snapshots, on SQLite (the embedded
+default) or Postgres, with its parts beside them: leases, queues (claims), wake-ups, signals,
+breaker state, slots, failures and stats. Payloads are opaque JSON text.
 
     from store import open_store
     with open_store("sqlite:///agent.db") as store:
-        store.create_run(run_id="r1", ..., events=[NewEvent(1, "RunStarted", "{}", now)])
+        token = store.create_run(run_id="r1", ..., events=[NewEvent(1, "RunStarted", "{}", now)],
+                                 lease_owner="me", lease_ttl=30)
+        store.leases.renew("r1", token=token, ttl=30, now=now)
 
 The contract is docs/internals-store.md.
 """

@@ -1,12 +1,30 @@
-"""The Store: runs, the journal and snapshots on any dialect (leases, breakers and signals
-are in `_coordination.py`, the connection/retry boundary in `_boundary.py`).
+"""The Store: a small facade over the database of one agentsaga installation.
+
+It keeps what is about runs and their journal: creating, reading and listing runs, appending and
+reading events, snapshots, and deleting whole runs. Everything else is a part, one idea each,
+built here with exactly the collaborators it needs and reached as an attribute:
+
+    store.leases     acquire / renew / release a run's lease (fencing tokens)       _leases.py
+    store.queues     claim runs for workers, under a queue's concurrency and rate    _queues.py
+    store.wakeups    park and wake runs, the next due time, LISTEN on Postgres       _wakeups.py
+    store.signals    a run's inbox: send, pending, consume                           _signals.py
+    store.breakers   circuit-breaker state: get, compare_and_set                     _breakers.py
+    store.slots      bulkheads for in-flight calls: acquire / renew / release        _slots.py
+    store.failures   failed attempts, dead-letter and revive                         _failures.py
+    store.stats      read-only aggregates for `agentsaga stats`                      _stats.py
+
+Parts share three things and nothing else: the `Dialect` (what differs between SQLite and
+Postgres), the `Boundary` (connections per thread, error translation, retries) and the `Fence`
+(the run lookup and stale-token errors every token-guarded write needs). No part knows the Store
+or another part. The one transaction that spans two ideas, an append that also consumes signals,
+calls `_signals.consume_in_transaction` from the journal (`_journal.py`).
 
 Why plain SQL and not the ORM: the hot path must cost about one INSERT+COMMIT through the
 driver, and an ORM session (identity map, unit of work, result processing) costs several times
-that. Every other method uses the same raw per-thread connection, so there is one transaction
+that. Every method uses the same raw per-thread connection, so there is one transaction
 discipline and one error boundary, not two. The SQLModel classes in `_schema.py` remain the one
-description of the tables; the statements below name their columns, and the contract suite
-runs them on both backends.
+description of the tables; the statements name their columns, and the contract suite runs them
+on both backends.
 
 SQL is written with `?` placeholders; the dialect rewrites them for its driver.
 """
@@ -17,14 +35,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._boundary import Boundary
-from ._coordination import CoordinationMixin
-from ._deadletter import DeadLetterMixin
-from ._limits import LimitsMixin
-from ._listen import ListenMixin
-from ._stats import StatsMixin
-from ._dialect import Dialect, ErrorKind, iter_chunks
+from ._breakers import Breakers
+from ._dialect import CHUNK, Dialect, ErrorKind, iter_chunks, marks
+from ._failures import Failures
+from ._fence import Fence
+from ._journal import INSERT_EVENT, PRUNE_SNAPSHOTS, Journal, check_batch, event_row
+from ._leases import Leases
+from ._queues import Queues
 from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
 from ._schema import SCHEMA_VERSION, ensure_schema
+from ._signals import Signals
+from ._slots import Slots
+from ._stats import Stats
+from ._wakeups import Wakeups
 from .errors import ConflictError, DuplicateRunError, FencedError, RunNotFoundError
 
 __all__ = ["Store"]
@@ -41,61 +64,39 @@ _INSERT_RUN = (
     " priority, dedup_key, recoveries)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
 )
-_INSERT_EVENT = (
-    "INSERT INTO agentsaga_events (run_pk, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)"
-)
-_INSERT_SNAPSHOT = (
-    "INSERT INTO agentsaga_snapshots (run_pk, seq, state, sha256, schema_version, trigger,"
-    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-_PRUNE_SNAPSHOTS = (
-    "DELETE FROM agentsaga_snapshots WHERE run_pk = ? AND seq NOT IN"
-    " (SELECT seq FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC LIMIT ?)"
-)
-_SELECT_EVENTS = (
-    "SELECT e.seq, e.kind, e.data, e.at FROM agentsaga_events e"
-    " JOIN agentsaga_runs r ON r.pk = e.run_pk WHERE r.run_id = ? AND e.seq > ?"
-)
-_CHUNK = 500  # ids per IN (...) list, far below every driver's parameter limit
 
 
-class _UniqueViolation(Exception):
-    """Internal: a duplicate key in `table`; turned into ConflictError after the rollback."""
+class Store:
+    """The runs and journal of one database, and its parts; thread-safe. Build it with
+    `open_store`."""
 
-    def __init__(self, table: str):
-        self.table = table
-
-
-def _marks(n: int) -> str:
-    return ", ".join("?" * n)
-
-
-def _check_batch(run_id: str, events: Sequence[NewEvent]) -> None:
-    seen: set[int] = set()
-    for event in events:
-        if event.seq in seen:
-            raise ConflictError(
-                f"run {run_id!r}: seq {event.seq} appears twice in one batch",
-                run_id=run_id, seq=event.seq,
-            )
-        seen.add(event.seq)
-
-
-def _event_row(pk: int, e: NewEvent) -> tuple[Any, ...]:
-    return (pk, e.seq, e.kind, e.at, e.data)
-
-
-class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsMixin):
-    """The journal and run table of one database; thread-safe. Build it with `open_store`."""
+    leases: Leases
+    queues: Queues
+    wakeups: Wakeups
+    signals: Signals
+    breakers: Breakers
+    slots: Slots
+    failures: Failures
+    stats: Stats
 
     def __init__(self, dialect: Dialect, *, retry_for: float):
         self._d = dialect
-        self._b = Boundary(dialect, retry_for=retry_for)
+        self._b = boundary = Boundary(dialect, retry_for=retry_for)
         try:
-            self._b.run("open", lambda conn: ensure_schema(dialect, conn))
+            boundary.run("open", lambda conn: ensure_schema(dialect, conn))
         except BaseException:
-            self._b.close()
+            boundary.close()
             raise
+        self._fence = fence = Fence(dialect)
+        self._journal = Journal(dialect, fence)
+        self.leases = Leases(dialect, boundary, fence)
+        self.queues = Queues(dialect, boundary)
+        self.wakeups = Wakeups(dialect, boundary, fence)
+        self.signals = Signals(dialect, boundary, fence)
+        self.breakers = Breakers(dialect, boundary)
+        self.slots = Slots(dialect, boundary)
+        self.failures = Failures(dialect, boundary, fence)
+        self.stats = Stats(dialect, boundary)
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -153,7 +154,7 @@ class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsM
         if lease_owner is not None and lease_ttl is None:
             raise ValueError("create_run: lease_owner needs lease_ttl")
         events = list(events)
-        _check_batch(run_id, events)
+        check_batch(run_id, events)
         token = 1 if lease_owner is not None else 0
         expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
         row = (run_id, workflow, version, fingerprint, target, status, created_at, created_at,
@@ -165,7 +166,7 @@ class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsM
                 with d.transaction(conn):
                     pk = d.fetchall(conn, _INSERT_RUN, row)[0][0]
                     if events:
-                        d.executemany(conn, _INSERT_EVENT, [_event_row(pk, e) for e in events])
+                        d.executemany(conn, INSERT_EVENT, [event_row(pk, e) for e in events])
             except d.driver_errors as exc:
                 if d.classify(exc, conn) is not ErrorKind.UNIQUE:
                     raise
@@ -219,7 +220,7 @@ class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsM
             statuses = [status] if isinstance(status, str) else list(status)
             if not statuses:
                 return []
-            where.append(f"status IN ({_marks(len(statuses))})")
+            where.append(f"status IN ({marks(len(statuses))})")
             params += statuses
         for clause, value in (("workflow = ?", workflow), ("created_at >= ?", since),
                               ("created_at < ?", until)):
@@ -269,7 +270,7 @@ class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsM
                   and not release_lease and not consume_signals)
         if not simple:
             events = list(events)
-            _check_batch(run_id, events)
+            check_batch(run_id, events)
         # If the session died while our COMMIT was in flight, the append may have landed and
         # the retry then collides with it; reading the rows back tells "that was us" (done)
         # from "that was someone else" (a real conflict).
@@ -279,138 +280,29 @@ class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsM
             nonlocal session_lost
             session_lost = True
 
+        journal = self._journal
+
         def work(conn: Any) -> None:
             try:
                 if simple:
-                    self._append_one(conn, run_id, events[0], token)
+                    journal.append_one(conn, run_id, events[0], token)
                 else:
-                    self._append_tx(conn, run_id, events, token, now, status, error, finished,
-                                    snapshot, keep_snapshots, release_lease, consume_signals)
+                    journal.append_tx(conn, run_id, events, token, now, status, error, finished,
+                                      snapshot, keep_snapshots, release_lease, consume_signals)
             except (ConflictError, FencedError):
                 # Fenced too: had our commit landed before a takeover, it is still journaled.
-                if session_lost and events and self._already_journaled(conn, run_id, events):
+                if session_lost and events and journal.already_journaled(conn, run_id, events):
                     return
                 raise
 
         self._b.run("append", work, on_disconnect=lost)
 
-    def _append_one(self, conn: Any, run_id: str, event: NewEvent, token: int) -> None:
-        d = self._d
-        try:
-            inserted = d.append_one(
-                conn, (event.seq, event.kind, event.at, event.data, run_id, token)
-            )
-        except d.driver_errors as exc:
-            if d.classify(exc, conn) is ErrorKind.UNIQUE:
-                raise ConflictError(
-                    f"run {run_id!r} already has an event at seq {event.seq}",
-                    run_id=run_id, seq=event.seq,
-                ) from exc
-            raise
-        if inserted != 1:  # the SELECT found no run with this token
-            self._raise_fenced_or_missing(conn, run_id, token)
-
-    def _append_tx(
-        self, conn: Any, run_id: str, events: list[NewEvent], token: int, now: float,
-        status: str | None, error: str | None, finished: bool, snapshot: NewSnapshot | None,
-        keep: int | None, release: bool, consume: Sequence[int],
-    ) -> None:
-        d = self._d
-        changes_run = status is not None or release
-        fence = "SELECT pk, lease_token FROM agentsaga_runs WHERE run_id = ?"
-        fence += d.lock_update if changes_run else d.lock_share
-        try:
-            with d.transaction(conn):
-                row = d.fetchone(conn, fence, (run_id,))
-                if row is None:
-                    raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
-                pk, current = row
-                if current != token:
-                    raise self._fenced(run_id, token, current)
-                if events:
-                    rows = [_event_row(pk, e) for e in events]
-                    self._insert(conn, "events", d.executemany, _INSERT_EVENT, rows)
-                if consume:
-                    self._consume(conn, pk, run_id, consume)
-                if changes_run:
-                    sets, params = [], []
-                    if status is not None:
-                        sets += ["status = ?", "error = ?", "updated_at = ?"]
-                        params += [status, error, now]
-                        if finished:
-                            sets.append("finished_at = ?")
-                            params.append(now)
-                    if release:
-                        sets += ["lease_owner = NULL", "lease_expires_at = NULL"]
-                    sql = f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?"
-                    d.execute(conn, sql, (*params, pk))
-                if snapshot is not None:
-                    s = snapshot
-                    values = (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger,
-                              s.created_at)
-                    self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, values)
-                    if keep is not None:
-                        d.execute(conn, _PRUNE_SNAPSHOTS, (pk, pk, keep))
-        except _UniqueViolation as violation:
-            # Named only now, after the rollback: Postgres answers no query inside an aborted
-            # transaction.
-            if violation.table == "snapshots":
-                assert snapshot is not None
-                raise ConflictError(
-                    f"run {run_id!r} already has a snapshot at seq {snapshot.seq}",
-                    run_id=run_id, seq=snapshot.seq,
-                ) from None
-            taken = self._existing_seqs(conn, run_id, [e.seq for e in events])
-            seq = min(taken) if taken else None
-            raise ConflictError(
-                f"run {run_id!r} already has an event at seq {seq}", run_id=run_id, seq=seq
-            ) from None
-
-    def _insert(self, conn: Any, table: str, call: Any, sql: str, params: Any) -> None:
-        d = self._d
-        try:
-            call(conn, sql, params)
-        except d.driver_errors as exc:
-            if d.classify(exc, conn) is ErrorKind.UNIQUE:
-                raise _UniqueViolation(table) from exc
-            raise
-
-    def _existing_seqs(self, conn: Any, run_id: str, seqs: list[int]) -> list[int]:
-        found: list[int] = []
-        for chunk in iter_chunks(seqs, _CHUNK):
-            sql = (
-                "SELECT e.seq FROM agentsaga_events e JOIN agentsaga_runs r ON r.pk = e.run_pk"
-                f" WHERE r.run_id = ? AND e.seq IN ({_marks(len(chunk))})"
-            )
-            found += [r[0] for r in self._d.fetchall(conn, sql, (run_id, *chunk))]
-        return found
-
-    def _already_journaled(self, conn: Any, run_id: str, events: Sequence[NewEvent]) -> bool:
-        seqs = [e.seq for e in events]
-        stored = {r.seq: r for r in self._events(conn, run_id, min(seqs) - 1, max(seqs))}
-        return all(
-            (r := stored.get(e.seq)) is not None
-            and (r.kind, r.data, r.at) == (e.kind, e.data, e.at)
-            for e in events
-        )
-
     def events(
         self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None
     ) -> list[EventRecord]:
         """Events with `after_seq < seq <= until_seq`, ascending."""
-        return self._b.run("events", lambda conn: self._events(conn, run_id, after_seq, until_seq))
-
-    def _events(
-        self, conn: Any, run_id: str, after_seq: int, until_seq: int | None
-    ) -> list[EventRecord]:
-        sql, params = _SELECT_EVENTS, [run_id, after_seq]
-        if until_seq is not None:
-            sql += " AND e.seq <= ?"
-            params.append(until_seq)
-        rows = self._d.fetchall(conn, sql + " ORDER BY e.seq", params)
-        if not rows:
-            self._require_run(conn, run_id)  # "no events" and "no run" must not look alike
-        return [EventRecord(*row) for row in rows]
+        journal = self._journal
+        return self._b.run("events", lambda conn: journal.read(conn, run_id, after_seq, until_seq))
 
     def last_seq(self, run_id: str) -> int:
         """The highest seq journaled for the run; 0 when it has no events."""
@@ -439,7 +331,7 @@ class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsM
         return found[0] if found else None
 
     def _snapshots(self, conn: Any, run_id: str, seq: int | None) -> list[SnapshotRecord]:
-        pk = self._require_run(conn, run_id)
+        pk = self._fence.require_run(conn, run_id)
         sql = (
             "SELECT seq, state, sha256, schema_version, trigger, created_at"
             " FROM agentsaga_snapshots WHERE run_pk = ?"
@@ -457,8 +349,8 @@ class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsM
             raise ValueError("prune_snapshots: keep must be >= 0")
 
         def work(conn: Any) -> int:
-            pk = self._require_run(conn, run_id)
-            return self._d.execute(conn, _PRUNE_SNAPSHOTS, (pk, pk, keep)).rowcount
+            pk = self._fence.require_run(conn, run_id)
+            return self._d.execute(conn, PRUNE_SNAPSHOTS, (pk, pk, keep)).rowcount
 
         return self._b.run("prune_snapshots", work)
 
@@ -478,19 +370,19 @@ class Store(CoordinationMixin, LimitsMixin, DeadLetterMixin, ListenMixin, StatsM
         def work(conn: Any) -> int:
             deleted = 0
             with d.transaction(conn):
-                for chunk in iter_chunks(ids, _CHUNK):
+                for chunk in iter_chunks(ids, CHUNK):
                     # The run row first: deleting it takes the row lock appenders fence on, so
                     # no event can slip in for a run whose children are being deleted.
-                    sql = f"DELETE FROM agentsaga_runs WHERE run_id IN ({_marks(len(chunk))})"
+                    sql = f"DELETE FROM agentsaga_runs WHERE run_id IN ({marks(len(chunk))})"
                     params = list(chunk)
                     if only is not None:
-                        sql += f" AND status IN ({_marks(len(only))})"
+                        sql += f" AND status IN ({marks(len(only))})"
                         params += only
                     pks = [r[0] for r in d.fetchall(conn, sql + " RETURNING pk", params)]
                     deleted += len(pks)
-                    marks = _marks(len(pks))
+                    in_pks = marks(len(pks))
                     for table in ("events", "snapshots", "signals", "run_failures") if pks else ():
-                        sql = f"DELETE FROM agentsaga_{table} WHERE run_pk IN ({marks})"
+                        sql = f"DELETE FROM agentsaga_{table} WHERE run_pk IN ({in_pks})"
                         d.execute(conn, sql, pks)
             return deleted
 

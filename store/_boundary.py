@@ -1,6 +1,7 @@
 """The store's edge towards the driver: connections per thread, error translation, retries.
 
-Every public Store method runs its database work as `boundary.run(op, work)`, where
+Every public method of the Store and its parts runs its database work as
+`boundary.run(op, work)` (`op` names the method, e.g. "append" or "leases.acquire"), where
 `work(conn)` is plain driver code. This is the one place that
 - hands each thread its own DBAPI connection (or, for SQLite :memory:, serialises all threads
   on the single connection that holds the database);

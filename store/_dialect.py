@@ -1,10 +1,11 @@
 """What a backend must provide, and the parts every backend shares.
 
-`_api.Store` holds all the logic and speaks SQL with `?` placeholders against the tables of
-`_schema.py`. A dialect supplies only what differs between SQLite and Postgres: how to connect
-(and with which settings), the driver's placeholder style, how a write transaction starts,
-the row-locking clauses, the hot-path append statement, the claim query, and how the driver's
-exceptions map onto `ErrorKind`, the store's vocabulary for "what to do about this error".
+The `Store` and its parts (`_api.py`, `_journal.py`, `_leases.py`, ...) hold all the logic and
+speak SQL with `?` placeholders against the tables of `_schema.py`. A dialect supplies only what
+differs between SQLite and Postgres: how to connect (and with which settings), the driver's
+placeholder style, how a write transaction starts, the row-locking clauses, the hot-path append
+statement, the claim query, and how the driver's exceptions map onto `ErrorKind`, the store's
+vocabulary for "what to do about this error".
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 from sqlalchemy.engine import Dialect as SADialect
 
-__all__ = ["Dialect", "ErrorKind"]
+__all__ = ["Dialect", "ErrorKind", "CHUNK", "iter_chunks", "marks"]
+
+CHUNK = 500  # ids per IN (...) list, far below every driver's parameter limit
 
 
 class ErrorKind(enum.Enum):
@@ -127,3 +130,8 @@ def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     """Slices of at most `size`, to keep `IN (...)` lists under every driver's limits."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def marks(n: int) -> str:
+    """`n` placeholders for an `IN (...)` list: "?, ?, ?"."""
+    return ", ".join("?" * n)

@@ -63,7 +63,7 @@ class RunRow(_Base, table=True):
         Index("ix_agentsaga_runs_status_created", "status", "created_at"),
         Index("ix_agentsaga_runs_workflow_created", "workflow", "created_at"),
         Index("ix_agentsaga_runs_claim", "status", "lease_expires_at"),
-        # When the next parked run is due: what an idle worker sleeps until (store/_listen.py).
+        # When the next parked run is due: what an idle worker sleeps until (store/_wakeups.py).
         Index("ix_agentsaga_runs_wake", "status", "wake_at"),
         Index(
             "ux_agentsaga_runs_dedup",
@@ -152,7 +152,7 @@ class SignalRow(_Base, table=True):
 
 class SlotRow(_Base, table=True):
     """One unit of a cluster-wide concurrency limit (a tool's in-flight calls): held until it
-    expires, so a holder that dies frees it without anyone's help (store/_limits.py)."""
+    expires, so a holder that dies frees it without anyone's help (store/_slots.py)."""
 
     __tablename__ = "agentsaga_slots"
 
@@ -174,7 +174,7 @@ class QueueStartRow(_Base, table=True):
 
 
 class RunFailureRow(_Base, table=True):
-    """Why recovering a run failed (store/_deadletter.py): a driver error, the run's move to
+    """Why recovering a run failed (store/_failures.py): a driver error, the run's move to
     `dead`, or a retry by hand. Opaque JSON `error`, like every payload."""
 
     __tablename__ = "agentsaga_run_failures"

@@ -1,4 +1,8 @@
-"""Aggregates for `agentsaga stats` (a mixin of `Store`): read-only, cheap, meaning-free.
+"""`store.stats`: aggregates for `agentsaga stats`. Read-only, cheap, meaning-free.
+
+One idea: numbers over *all* runs, for an operator. They read the tables the other parts write
+(runs, leases, wake-ups, failures, events) but change nothing, so they are kept together here
+rather than spread over the parts whose rows they count.
 
 The store still does not know what an event means: `recent_event_data` hands back the JSON text of
 events of one kind, and the orchestrator reads the fields it wants. Every query stays on an index:
@@ -9,22 +13,19 @@ newest runs only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._boundary import Boundary
-    from ._dialect import Dialect
+from ._boundary import Boundary
+from ._dialect import Dialect, marks
 
-__all__ = ["StatsMixin"]
+__all__ = ["Stats"]
 
 
-def _marks(n: int) -> str:
-    return ", ".join("?" * n)
+class Stats:
+    """Aggregates: `queue_depths`, `recovery_totals`, `recent_event_data`, `failure_counts`."""
 
-
-class StatsMixin:
-    _d: Dialect
-    _b: Boundary
+    def __init__(self, dialect: Dialect, boundary: Boundary) -> None:
+        self._d = dialect
+        self._b = boundary
 
     def queue_depths(self, *, now: float, statuses: Sequence[str]) -> list[tuple[str | None, int, int, int, int]]:
         """Per queue, over runs in `statuses`: (queue, ready, in_flight, parked, stale).
@@ -41,16 +42,17 @@ class StatsMixin:
             " SUM(CASE WHEN lease_owner IS NOT NULL AND lease_expires_at > ? THEN 1 ELSE 0 END),"
             " SUM(CASE WHEN lease_owner IS NULL AND wake_at > ? THEN 1 ELSE 0 END),"
             " SUM(CASE WHEN lease_owner IS NOT NULL AND lease_expires_at <= ? THEN 1 ELSE 0 END)"
-            f" FROM agentsaga_runs WHERE status IN ({_marks(len(statuses))}) GROUP BY queue"
+            f" FROM agentsaga_runs WHERE status IN ({marks(len(statuses))}) GROUP BY queue"
         )
-        rows = self._b.run("queue_depths", lambda conn: self._d.fetchall(conn, sql, (now,) * 5 + tuple(statuses)))
+        params = (now,) * 5 + tuple(statuses)
+        rows = self._b.run("stats.queue_depths", lambda conn: self._d.fetchall(conn, sql, params))
         out = [(q, int(a or 0), int(b or 0), int(c or 0), int(d or 0)) for q, a, b, c, d in rows]
         return sorted(out, key=lambda r: (r[0] is not None, r[0] or ""))
 
     def recovery_totals(self) -> tuple[int, int]:
         """(runs that were ever recovered, takeovers in total) over all runs."""
         sql = "SELECT SUM(CASE WHEN recoveries > 0 THEN 1 ELSE 0 END), SUM(recoveries) FROM agentsaga_runs"
-        row = self._b.run("recovery_totals", lambda conn: self._d.fetchone(conn, sql, ()))
+        row = self._b.run("stats.recovery_totals", lambda conn: self._d.fetchone(conn, sql, ()))
         return (int(row[0] or 0), int(row[1] or 0)) if row else (0, 0)
 
     def recent_event_data(self, kind: str, *, runs: int) -> list[str]:
@@ -62,11 +64,11 @@ class StatsMixin:
             " (SELECT pk FROM agentsaga_runs ORDER BY created_at DESC, pk DESC LIMIT ?) r ON r.pk = e.run_pk"
             " WHERE e.kind = ?"
         )
-        rows = self._b.run("recent_event_data", lambda conn: self._d.fetchall(conn, sql, (runs, kind)))
+        rows = self._b.run("stats.recent_event_data", lambda conn: self._d.fetchall(conn, sql, (runs, kind)))
         return [r[0] for r in rows]
 
     def failure_counts(self) -> dict[str, int]:
         """Rows of `agentsaga_run_failures` by kind (error, dead, retried), over all runs."""
         sql = "SELECT kind, COUNT(*) FROM agentsaga_run_failures GROUP BY kind"
-        rows = self._b.run("failure_counts", lambda conn: self._d.fetchall(conn, sql, ()))
+        rows = self._b.run("stats.failure_counts", lambda conn: self._d.fetchall(conn, sql, ()))
         return {kind: int(n) for kind, n in rows}

@@ -184,4 +184,4 @@ class Audit:
         ``{"at", "owner", "kind", "error", "recoveries", "status"}``."""
         return [{"at": at, "owner": owner, "kind": kind, "error": json.loads(error) if error else None,
                  "recoveries": recoveries, "status": status}
-                for at, owner, kind, error, recoveries, status in self.store.failures(run_id)]
+                for at, owner, kind, error, recoveries, status in self.store.failures.for_run(run_id)]

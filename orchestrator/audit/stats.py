@@ -62,11 +62,11 @@ class Stats:
 def collect_stats(store: Store, *, now: float, runs: int = 500) -> Stats:
     """Gather the numbers (see the module doc); ``runs``: how many recent runs latency looks at."""
     depths = [{"queue": q, "ready": ready, "in_flight": busy, "parked": parked, "stale": stale}
-              for q, ready, busy, parked, stale in store.queue_depths(now=now, statuses=ACTIVE_STATUSES)]
-    recovered, takeovers = store.recovery_totals()
+              for q, ready, busy, parked, stale in store.stats.queue_depths(now=now, statuses=ACTIVE_STATUSES)]
+    recovered, takeovers = store.stats.recovery_totals()
     every: list[float] = []
     per_step: dict[str, list[float]] = {}
-    for text in store.recent_event_data("StepCompleted", runs=runs):
+    for text in store.stats.recent_event_data("StepCompleted", runs=runs):
         data = json.loads(text)
         ms = data.get("ms")
         if isinstance(ms, (int, float)):
@@ -75,5 +75,5 @@ def collect_stats(store: Store, *, now: float, runs: int = 500) -> Stats:
     by_step = {name: _latency(v) for name, v in per_step.items()}
     slowest = sorted(by_step.items(), key=lambda kv: -(kv[1]["p90"] or 0.0))[:_TOP_STEPS]
     return Stats(at=now, by_status=dict(sorted(store.count_by_status().items())), queues=depths,
-                 recovered_runs=recovered, recoveries=takeovers, failures=store.failure_counts(),
+                 recovered_runs=recovered, recoveries=takeovers, failures=store.stats.failure_counts(),
                  latency_runs=runs, steps=_latency(every), by_step=dict(slowest))

@@ -140,7 +140,7 @@ def _approve(args: argparse.Namespace, orc: Any, run_id: str, db_flag: str) -> A
     _say(f"\n3. The run waits for your approval. From another terminal run:\n\n"
          f"   agentsaga signal {run_id} approval --data '{data}'{db_flag}\n\n"
          f"   (or --data '{{\"approved\": false, \"reason\": \"too expensive\"}}' to decline). Waiting...")
-    while not orc.store.pending_signals(run_id, "approval"):
+    while not orc.store.signals.pending(run_id, "approval"):
         if orc.get_run(run_id).status != "waiting":
             break  # someone else (a worker, `agentsaga recover`) already continued it
         time.sleep(0.5)

@@ -163,7 +163,7 @@ class Engine:
         assert wf is not None
         self.check_graph(rec, wf, allow_graph_change)
         cfg = self.config
-        token = self.store.acquire_lease(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+        token = self.store.leases.acquire(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                          force=force, status="running")
         return await self.drive_claimed(run_id, token, workflow=wf)
 
@@ -198,7 +198,7 @@ class Engine:
         results: list[RunResult] = []
         cfg = self.config
         while limit is None or len(results) < limit:
-            claimed = self.store.claim_runs(owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+            claimed = self.store.queues.claim(owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                             statuses=ACTIVE_STATUSES, limit=1)
             if not claimed:
                 break
@@ -208,7 +208,7 @@ class Engine:
             except (WorkflowNotFoundError, GraphChangedError) as exc:
                 # Leave the run for a process that has its code; say why, do not fail it.
                 _log.error("recover: run %s skipped: %s", run_id, exc)
-                self.store.release_lease(run_id, token=token, now=cfg.clock())
+                self.store.leases.release(run_id, token=token, now=cfg.clock())
                 rec = self.store.get_run(run_id)
                 results.append(RunResult(run_id=run_id, status=rec.status, state=None, workflow=rec.workflow,
                                          seq=self.store.last_seq(run_id), error=str(exc)))
@@ -221,7 +221,7 @@ class Engine:
         wf = workflow or self.workflows.for_run(rec)
         assert wf is not None
         cfg = self.config
-        token = self.store.acquire_lease(rec.run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(), force=True)
+        token = self.store.leases.acquire(rec.run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(), force=True)
         folded, snap_seq, _ = self.restore(rec.run_id, wf)
         return ActiveRun(rec.run_id, wf, token, folded, snap_seq)
 
@@ -305,8 +305,8 @@ class Engine:
                                     f"not {name!r}")
         text = codec.dumps(data, what=f"data of signal {name!r}")
         now = self.config.clock()
-        self.store.send_signal(run_id, name, text, now=now)
-        self.store.wake(run_id, now=now)
+        self.store.signals.send(run_id, name, text, now=now)
+        self.store.wakeups.wake(run_id, now=now)
 
     def snapshot(self, run_id: str) -> int:
         """Write a snapshot of the run now (on demand) and return its seq (see ``Orchestrator.snapshot``)."""

@@ -83,8 +83,8 @@ class Driver:
 
     def park(self, run: ActiveRun, wake_at: float) -> None:
         """The run waits: claims skip it until ``wake_at`` (or a signal wakes it); the lease goes."""
-        self.store.set_wake_at(run.run_id, token=run.token, wake_at=wake_at, now=self.clock())
-        self.store.release_lease(run.run_id, token=run.token, now=self.clock())
+        self.store.wakeups.park(run.run_id, token=run.token, wake_at=wake_at, now=self.clock())
+        self.store.leases.release(run.run_id, token=run.token, now=self.clock())
 
     def _fail(self, run: ActiveRun, failures: list[GaveUp]) -> None:
         """A step gave up with no failure route: the run fails (its saga compensates first)."""

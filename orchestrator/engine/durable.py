@@ -33,7 +33,6 @@ from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.errors import WaitTimeoutError
 from orchestrator.payload import codec
-from store import Store
 
 __all__ = ["DurableExecution", "Suspend", "FOREVER"]
 
@@ -56,11 +55,11 @@ class Suspend(BaseException):
 class DurableExecution:
     """One execution of a step: numbers its durable calls and timers, and journals them.
 
-    ``signals`` is where signals wait to be consumed (the store); ``replay`` a cassette answering
+    ``signals`` is where signals wait to be consumed (``store.signals``); ``replay`` a cassette answering
     durable calls instead of the outside world (None: perform them).
     """
 
-    def __init__(self, journal: JournalWriter, run: ActiveRun, step: str, tick: int, *, signals: Store,
+    def __init__(self, journal: JournalWriter, run: ActiveRun, step: str, tick: int, *, signals: Any,
                  clock: Callable[[], float], replay: Any = None) -> None:
         self.journal = journal
         self.run = run
@@ -132,7 +131,7 @@ class DurableExecution:
         folded, key = self.run.folded, f"{self.step}:{name}"
         if key in folded.received:
             return folded.received[key]
-        pending = self.signals.pending_signals(self.run.run_id, name)
+        pending = self.signals.pending(self.run.run_id, name)
         if pending:
             signal_id, _, data_text, sent_at = pending[0]
             self.journal.commit(self.run, [(EventKind.SIGNAL_RECEIVED, {

@@ -73,7 +73,7 @@ class Heartbeat:
             held = list(self._held.items())
         for run_id, token in held:
             try:
-                self._store.renew_lease(run_id, token=token, ttl=self._ttl, now=self._clock())
+                self._store.leases.renew(run_id, token=token, ttl=self._ttl, now=self._clock())
             except (FencedError, RunNotFoundError) as exc:
                 _log.warning("lease on run %s lost: %s", run_id, exc)
                 with self._lock:

@@ -75,7 +75,7 @@ class Queues:
     def retry_dead(self, run_id: str) -> str:
         """Put a ``dead`` run back to the status it had before, for workers to pick up now; returns
         that status. Its failure count starts again from zero."""
-        restored = self.store.revive(run_id, now=self.clock(), by=self.owner)
+        restored = self.store.failures.revive(run_id, now=self.clock(), by=self.owner)
         if restored is None:
             status = self.store.get_run(run_id).status
             raise RunStateError(f"run {run_id!r} is {status}, not dead; only a dead run can be retried this way "

@@ -100,7 +100,7 @@ class StepRunner:
             attempt += 1
             ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
                               clock=self.clock, failure=failure, idempotency_key=key, tools=self.tools,
-                              durable=lambda: DurableExecution(self.journal, run, name, tick, signals=self.store,
+                              durable=lambda: DurableExecution(self.journal, run, name, tick, signals=self.store.signals,
                                                                clock=self.clock, replay=self.replay))
             holder[:] = [ctx]
             try:

@@ -61,7 +61,7 @@ class DeadLetterPolicy:
         """Called with the run just claimed; True when it went dead instead of being driven."""
         if rec.recoveries == 0:
             return False  # never taken over; errors are judged when they happen (on_error)
-        count, errors = self._count(rec, self.store.failures(rec.run_id))
+        count, errors = self._count(rec, self.store.failures.for_run(rec.run_id))
         if count <= self.max_failures:
             return False
         self._bury(rec, token, count, errors, why=f"its lease was taken over {rec.recoveries} times "
@@ -71,7 +71,7 @@ class DeadLetterPolicy:
     def on_error(self, rec: RunRecord, token: int, exc: BaseException) -> bool:
         """Record a failed attempt; True when the run went dead (else it is retried after a backoff)."""
         info = error_record(exc)
-        count, errors = self._count(rec, self.store.failures(rec.run_id))
+        count, errors = self._count(rec, self.store.failures.for_run(rec.run_id))
         count += 1
         if count > self.max_failures:
             self._bury(rec, token, count, errors + [{"owner": self.owner, **info}],
@@ -79,7 +79,7 @@ class DeadLetterPolicy:
             return True
         now = self.clock()
         delay = min(self.max_backoff, 2.0 ** (count - 1))
-        self.store.record_failure(rec.run_id, token=token, now=now, owner=self.owner,
+        self.store.failures.record(rec.run_id, token=token, now=now, owner=self.owner,
                                   error=json.dumps(info, separators=(",", ":")), retry_at=now + delay)
         _log.error("run %s: recovery failed (%d of %d allowed), retried in %.0fs: %s: %s", rec.run_id, count,
                    self.max_failures, delay, info["type"], info["message"])
@@ -91,6 +91,6 @@ class DeadLetterPolicy:
         message = f"dead after {count} failed recoveries (more than {self.max_failures}): {quoted}"
         detail = {"failures": count, "max_failures": self.max_failures, "recoveries": rec.recoveries,
                   "why": why, "last_errors": [{k: e.get(k) for k in ("owner", "type", "message")} for e in last]}
-        self.store.dead_letter(rec.run_id, token=token, now=self.clock(), owner=self.owner,
+        self.store.failures.dead_letter(rec.run_id, token=token, now=self.clock(), owner=self.owner,
                                error=json.dumps(detail, separators=(",", ":")), message=message[:2000])
         _log.error("run %s moved to dead: %s (agentsaga retry %s puts it back)", rec.run_id, message, rec.run_id)

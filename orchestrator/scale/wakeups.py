@@ -1,7 +1,7 @@
 """What wakes an idle worker on Postgres: a thread LISTENing for the store's NOTIFY.
 
 The trigger created with the schema NOTIFies the schema's channel, with the run's queue as payload,
-whenever a run may have become claimable (``store/_listen.py``). This thread turns a relevant
+whenever a run may have become claimable (``store/_wakeups.py``). This thread turns a relevant
 notification into ``wake.set()``. When the connection is lost (Postgres restarting) it says so
 (``listening`` goes False, so the worker polls meanwhile) and reconnects with backoff; once back it
 wakes the worker once, since notifications sent while away are gone.
@@ -38,7 +38,7 @@ class NotifyListener(threading.Thread):
         while not self.stop.is_set():
             if listener is None:
                 try:
-                    listener = self.store.listener()
+                    listener = self.store.wakeups.listener()
                 except StoreError:
                     self.listening = False
                     self.stop.wait(backoff)

@@ -20,7 +20,7 @@ How the work is laid out, and why:
   and hands runs to the slots through a queue: one round trip for a batch of runs, one place that
   applies the limits, one LISTEN connection.
 - **No busy loops.** An idle worker waits on an event that is set when a slot frees, when Postgres
-  NOTIFYs that a run became claimable (``store.listener()``; a trigger sends it on enqueue,
+  NOTIFYs that a run became claimable (``store.wakeups.listener()``; a trigger sends it on enqueue,
   signal, hand-back and retry), or at the next moment the store says something comes due (a lease
   expiry, a timer: ``store.next_due``). Without NOTIFY (SQLite, or while the LISTEN connection is
   being re-established) it polls, backing off from 50 ms to ``poll`` seconds.
@@ -286,7 +286,7 @@ class Worker:
         if found:
             return limit
         try:
-            due = self.store.next_due(now=self.orc.engine.config.clock(), statuses=ACTIVE_STATUSES, queues=self.queues)
+            due = self.store.wakeups.next_due(now=self.orc.engine.config.clock(), statuses=ACTIVE_STATUSES, queues=self.queues)
         except StoreError:
             return limit
         if due is None:
@@ -315,19 +315,19 @@ class Worker:
             if room <= 0:
                 continue
             if lim.shared:
-                claimed, cut = self.store.claim_from_queue(q, owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                claimed, cut = self.store.queues.claim_from(q, owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                                            statuses=ACTIVE_STATUSES, limit=room,
                                                            concurrency=lim.concurrency, rate=lim.rate, not_runs=skip)
                 # Room frees when another worker's run ends, which nobody announces: poll then.
                 blocked = blocked or cut
             else:
-                claimed = self.store.claim_some(owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                claimed = self.store.queues.claim_some(owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                                 statuses=ACTIVE_STATUSES, limit=room, queues=[q], not_runs=skip)
             got += [(run_id, token, q) for run_id, token in claimed]
         room = free - len(got)
         others = None if self.queues is None else [q for q in self.queues if q not in limited]
         if room > 0 and others != []:
-            claimed = self.store.claim_some(owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+            claimed = self.store.queues.claim_some(owner=self.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                             statuses=ACTIVE_STATUSES, limit=room, queues=others,
                                             not_queues=list(limited) if others is None else (), not_runs=skip)
             got += [(run_id, token, None) for run_id, token in claimed]
@@ -422,7 +422,7 @@ class Worker:
 
     def _release(self, run_id: str, token: int) -> None:
         try:
-            self.store.release_lease(run_id, token=token, now=self.orc.engine.config.clock())
+            self.store.leases.release(run_id, token=token, now=self.orc.engine.config.clock())
         except FencedError:
             pass  # someone else holds it already: nothing of ours to give back
         except StoreError as exc:

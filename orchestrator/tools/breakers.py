@@ -29,12 +29,19 @@ Transition = dict[str, Any]
 _MAX_RACES = 100  # lost compare-and-sets in a row before giving up (each one means someone progressed)
 
 
+class BreakerRows(Protocol):
+    """The store part this module needs, ``store.breakers`` (see docs/internals-store.md)."""
+
+    def get(self, name: str) -> tuple[str | None, int]: ...
+
+    def compare_and_set(self, name: str, *, state: str, expected_version: int, now: float) -> bool: ...
+
+
 class BreakerStore(Protocol):
-    """The two store methods this module needs (see docs/internals-store.md)."""
+    """A store with a ``breakers`` part."""
 
-    def get_breaker(self, name: str) -> tuple[str | None, int]: ...
-
-    def cas_breaker(self, name: str, *, state: str, expected_version: int, now: float) -> bool: ...
+    @property
+    def breakers(self) -> BreakerRows: ...
 
 
 def _when(epoch: float) -> str:
@@ -50,7 +57,7 @@ class StoreBreakers:
 
     def state(self, name: str) -> BreakerState:
         """The breaker's current state as stored (a closed breaker if never written)."""
-        return BreakerState.from_json(self._store.get_breaker(name)[0])
+        return BreakerState.from_json(self._store.breakers.get(name)[0])
 
     def before_call(self, config: BreakerConfig) -> Transition | None:
         """Admit a call, or raise ``CircuitOpenError`` naming the breaker and when it will probe.
@@ -58,11 +65,11 @@ class StoreBreakers:
         Returns the transition the admission caused (open -> half_open), for the run's journal.
         """
         for _ in range(_MAX_RACES):
-            text, version = self._store.get_breaker(config.name)
+            text, version = self._store.breakers.get(config.name)
             current = BreakerState.from_json(text)
             now = self._clock()
             allowed, new, retry_at, transition = decide(config, current, now)
-            if new != current and not self._store.cas_breaker(
+            if new != current and not self._store.breakers.compare_and_set(
                 config.name, state=new.to_json(), expected_version=version, now=now
             ):
                 continue  # someone else changed it: decide again on what they wrote
@@ -74,11 +81,11 @@ class StoreBreakers:
     def after_call(self, config: BreakerConfig, ok: bool) -> Transition | None:
         """Record a call's outcome; returns the transition it caused (closed/half_open -> open, ...)."""
         for _ in range(_MAX_RACES):
-            text, version = self._store.get_breaker(config.name)
+            text, version = self._store.breakers.get(config.name)
             current = BreakerState.from_json(text)
             now = self._clock()
             new, transition = record(config, current, now, ok)
-            if new == current or self._store.cas_breaker(
+            if new == current or self._store.breakers.compare_and_set(
                 config.name, state=new.to_json(), expected_version=version, now=now
             ):
                 return transition

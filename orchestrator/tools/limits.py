@@ -79,7 +79,7 @@ class _Pair:
 
 
 class CallLimits:
-    """Slots for in-flight calls per tool name, shared through the store (``store.acquire_slot``).
+    """Slots for in-flight calls per tool name, shared through the store (``store.slots``).
 
     Waiting for a slot polls with a short backoff (10 ms growing to 250 ms): a caller that waits is
     busy by definition, and a slot frees when another call *returns*, which no notification would
@@ -105,7 +105,7 @@ class CallLimits:
     # -- acquiring ------------------------------------------------------------------------------
     def try_acquire(self, name: str) -> _Held | None:
         holder = f"{self.owner}:{uuid.uuid4().hex[:12]}"
-        idx = self.store.acquire_slot(name, limit=self.limits[name], holder=holder, ttl=self.ttl, now=self.clock())
+        idx = self.store.slots.acquire(name, limit=self.limits[name], holder=holder, ttl=self.ttl, now=self.clock())
         if idx is None:
             return None
         held = _Held(name, idx, holder, time.monotonic())
@@ -146,7 +146,7 @@ class CallLimits:
         with self._lock:
             self._held.pop((held.name, held.idx, held.holder), None)
         try:
-            self.store.release_slot(held.name, held.idx, holder=held.holder)
+            self.store.slots.release(held.name, held.idx, holder=held.holder)
         except StoreError as exc:  # it expires on its own within ttl
             _log.warning("could not release slot %d of tool %r: %s", held.idx, held.name, exc)
 
@@ -213,7 +213,7 @@ class CallLimits:
             if now_mono - h.since > self.max_hold:
                 continue
             try:
-                if not self.store.renew_slot(h.name, h.idx, holder=h.holder, ttl=self.ttl, now=self.clock()):
+                if not self.store.slots.renew(h.name, h.idx, holder=h.holder, ttl=self.ttl, now=self.clock()):
                     _log.warning("slot %d of tool %r expired while held (the process stalled?)", h.idx, h.name)
             except StoreError as exc:
                 _log.warning("could not renew slot %d of tool %r: %s", h.idx, h.name, exc)

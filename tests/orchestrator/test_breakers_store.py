@@ -91,7 +91,7 @@ def test_a_healthy_tool_never_writes_breaker_state(store):
     for _ in range(5):
         breakers.before_call(cfg)
         breakers.after_call(cfg, ok=True)
-    assert store.get_breaker("healthy") == (None, 0)
+    assert store.breakers.get("healthy") == (None, 0)
 
 
 class Interleaved:
@@ -99,15 +99,16 @@ class Interleaved:
 
     def __init__(self, store, rival: StoreBreakers, cfg: BreakerConfig) -> None:
         self._store, self._rival, self._cfg, self.cas_calls = store, rival, cfg, 0
+        self.breakers = self  # the part StoreBreakers uses: get and compare_and_set below
 
-    def get_breaker(self, name):
-        return self._store.get_breaker(name)
+    def get(self, name):
+        return self._store.breakers.get(name)
 
-    def cas_breaker(self, name, **kw):
+    def compare_and_set(self, name, **kw):
         self.cas_calls += 1
         if self.cas_calls == 1:
             self._rival.after_call(self._cfg, ok=False)
-        return self._store.cas_breaker(name, **kw)
+        return self._store.breakers.compare_and_set(name, **kw)
 
 
 def test_a_lost_compare_and_set_is_re_read_and_re_applied(store):

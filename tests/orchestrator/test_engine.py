@@ -362,7 +362,7 @@ def test_explicit_resume_fences_out_the_previous_owner(orc_factory):
     @wf.step(start=True)
     def first(ctx, state):
         store = thief["orc"].store
-        store.acquire_lease(ctx.run_id, owner="thief", ttl=30, now=thief["orc"].engine.config.clock(), force=True)
+        store.leases.acquire(ctx.run_id, owner="thief", ttl=30, now=thief["orc"].engine.config.clock(), force=True)
         return {"stolen": True}
 
     wf.edge("first", END)

@@ -24,10 +24,10 @@ class Clock:
 
 def corrupt(orc: Orchestrator, run_id: str) -> None:
     """Append an event kind no code knows: every attempt to restore the run raises."""
-    token = orc.store.acquire_lease(run_id, owner="vandal", ttl=1, now=orc.engine.config.clock())
+    token = orc.store.leases.acquire(run_id, owner="vandal", ttl=1, now=orc.engine.config.clock())
     orc.store.append(run_id, [NewEvent(2, "FromTheFuture", "{}", orc.engine.config.clock())], token=token,
                      now=orc.engine.config.clock())
-    orc.store.release_lease(run_id, token=token, now=orc.engine.config.clock())
+    orc.store.leases.release(run_id, token=token, now=orc.engine.config.clock())
 
 
 def test_a_run_that_fails_every_recovery_goes_dead_and_can_be_retried(db_url, thread_worker, capsys):
@@ -78,7 +78,7 @@ def test_a_run_whose_workers_keep_dying_goes_dead_on_the_next_claim(db_url, thre
     with Orchestrator(db_url, workflows=[wf], clock=clock) as orc:
         run_id = orc.enqueue(wf, {})
         for owner in ("w1", "w2", "w3", "w4"):
-            [(claimed, _)] = orc.store.claim_runs(owner=owner, ttl=5, now=clock(), statuses=ACTIVE_STATUSES)
+            [(claimed, _)] = orc.store.queues.claim(owner=owner, ttl=5, now=clock(), statuses=ACTIVE_STATUSES)
             assert claimed == run_id
             clock.now += 6
         assert orc.get_run(run_id).recoveries == 3

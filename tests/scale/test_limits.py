@@ -25,7 +25,7 @@ def make_runs(store, n: int, queue: str) -> None:
 
 
 def claim(store, owner: str, now: float, **kw):
-    return store.claim_from_queue("q", owner=owner, ttl=30, now=now, statuses=ACTIVE_STATUSES, limit=10, **kw)
+    return store.queues.claim_from("q", owner=owner, ttl=30, now=now, statuses=ACTIVE_STATUSES, limit=10, **kw)
 
 
 def test_queue_concurrency_holds_across_owners_and_frees_with_leases(store):
@@ -37,13 +37,13 @@ def test_queue_concurrency_holds_across_owners_and_frees_with_leases(store):
     # Then two runs are leased in all, and the second owner was held back by the limit
     assert [r for r, _ in first] == ["q-0", "q-1"] and cut_a
     assert second == [] and cut_b
-    assert store.queue_in_flight("q", now=T0 + 10, statuses=ACTIVE_STATUSES) == 2
+    assert store.queues.in_flight("q", now=T0 + 10, statuses=ACTIVE_STATUSES) == 2
     # And a released lease makes room for exactly one more
-    store.release_lease("q-0", token=first[0][1], now=T0 + 11)
+    store.leases.release("q-0", token=first[0][1], now=T0 + 11)
     assert [r for r, _ in claim(store, "B", T0 + 11, concurrency=2)[0]] == ["q-0"]
     # And expired leases (their worker died) count no more: their runs are claimable again
     assert [r for r, _ in claim(store, "C", T0 + 42, concurrency=2)[0]] == ["q-0", "q-1"]
-    assert store.queue_in_flight("q", now=T0 + 42, statuses=ACTIVE_STATUSES) == 2
+    assert store.queues.in_flight("q", now=T0 + 42, statuses=ACTIVE_STATUSES) == 2
 
 
 def test_queue_rate_is_a_sliding_window(store):
@@ -62,20 +62,20 @@ def test_queue_rate_is_a_sliding_window(store):
 
 def test_tool_slots_are_exclusive_and_expire(store):
     # Given a tool limited to two calls in flight
-    a = store.acquire_slot("api", limit=2, holder="a", ttl=5, now=T0)
-    b = store.acquire_slot("api", limit=2, holder="b", ttl=5, now=T0)
+    a = store.slots.acquire("api", limit=2, holder="a", ttl=5, now=T0)
+    b = store.slots.acquire("api", limit=2, holder="b", ttl=5, now=T0)
     assert {a, b} == {0, 1}
     # Then a third caller waits
-    assert store.acquire_slot("api", limit=2, holder="c", ttl=5, now=T0 + 1) is None
-    assert store.slots_held("api", now=T0 + 1) == 2
+    assert store.slots.acquire("api", limit=2, holder="c", ttl=5, now=T0 + 1) is None
+    assert store.slots.held("api", now=T0 + 1) == 2
     # And a release frees one, for one caller
-    assert store.release_slot("api", a, holder="a")
-    assert store.acquire_slot("api", limit=2, holder="c", ttl=5, now=T0 + 1) == a
-    assert store.acquire_slot("api", limit=2, holder="d", ttl=5, now=T0 + 1) is None
+    assert store.slots.release("api", a, holder="a")
+    assert store.slots.acquire("api", limit=2, holder="c", ttl=5, now=T0 + 1) == a
+    assert store.slots.acquire("api", limit=2, holder="d", ttl=5, now=T0 + 1) is None
     # And a holder that stops renewing loses its slot when it expires; its late release is refused
-    assert store.renew_slot("api", a, holder="c", ttl=5, now=T0 + 3)
-    assert store.acquire_slot("api", limit=2, holder="d", ttl=5, now=T0 + 6) == b
-    assert not store.release_slot("api", b, holder="b")
+    assert store.slots.renew("api", a, holder="c", ttl=5, now=T0 + 3)
+    assert store.slots.acquire("api", limit=2, holder="d", ttl=5, now=T0 + 6) == b
+    assert not store.slots.release("api", b, holder="b")
 
 
 @pytest.mark.parametrize("make, words", [

@@ -46,7 +46,7 @@ def test_stats_show_statuses_queues_recoveries_and_step_latency(db_url, thread_w
         tw.stop()
         # Given a run whose worker died holding its lease (it is stale until recovered)
         now = orc.engine.config.clock()
-        [(stale, _)] = orc.store.claim_runs(owner="gone", ttl=0.001, now=now - 1, statuses=ACTIVE_STATUSES,
+        [(stale, _)] = orc.store.queues.claim(owner="gone", ttl=0.001, now=now - 1, statuses=ACTIVE_STATUSES,
                                             queues=["later"], limit=1)
         assert stale in waiting
         stats = orc.stats()

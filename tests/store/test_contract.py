@@ -132,7 +132,7 @@ def test_last_seq_of_run_without_events_is_zero(store):
 def test_append_with_stale_token_is_fenced_and_writes_nothing(store, batch):
     # Given a run taken over by a second worker (the first one's token is now stale)
     old = new_run(store, "r1", owner="w1")
-    new = store.acquire_lease("r1", owner="w2", ttl=30, now=T0 + 1, force=True)
+    new = store.leases.acquire("r1", owner="w2", ttl=30, now=T0 + 1, force=True)
     # When the first worker appends with its old token
     with pytest.raises(FencedError) as raised:
         store.append("r1", [ev(2 + i) for i in range(batch)], token=old, now=T0 + 2,
@@ -166,7 +166,7 @@ def test_append_is_all_or_nothing(store):
     store.append("r1", [], token=token, now=T0, snapshot=snap(2))
     # When a batch whose *second* event duplicates seq 2 also carries a status, a snapshot,
     # a lease release and a signal to consume
-    signal = store.send_signal("r1", "approve", "{}", now=T0)
+    signal = store.signals.send("r1", "approve", "{}", now=T0)
     with pytest.raises(ConflictError) as raised:
         store.append("r1", [ev(3), ev(2), ev(4)], token=token, now=T0 + 9, status="completed",
                      finished=True, snapshot=snap(4), keep_snapshots=1, release_lease=True,
@@ -179,7 +179,7 @@ def test_append_is_all_or_nothing(store):
         "pending", None, T0, "w1"
     )
     assert [s.seq for s in store.snapshots("r1")] == [2]
-    assert [s[0] for s in store.pending_signals("r1")] == [signal]
+    assert [s[0] for s in store.signals.pending("r1")] == [signal]
 
 
 def test_append_duplicate_snapshot_seq_conflicts_and_writes_nothing(store):

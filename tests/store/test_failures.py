@@ -1,111 +1,63 @@
-"""What callers see when the database misbehaves: only store errors, bounded retries."""
+"""The store contract: `store.failures`, failed attempts and the dead-letter status.
+Runs on SQLite and on Postgres. The policy (when a run is dead) is tested with the worker, in
+tests/scale/test_deadletter.py; here, what each call writes.
+"""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from store_helpers import T0, ev, new_run, raw_connect
+from store_helpers import T0, new_run
 
-from store import StoreError, StoreUnavailableError, open_store
-
-
-def test_unreachable_postgres_is_unavailable_after_retrying():
-    # Given a URL (with a password) whose port nothing listens on
-    url = "postgresql://agent:s3cret@127.0.0.1:1/agentsaga"
-    # When opening it with a short retry budget
-    with pytest.raises(StoreUnavailableError) as raised:
-        open_store(url, retry_for=0.3)
-    # Then the error names the URL with the password masked, and the last cause
-    message = str(raised.value)
-    assert "postgresql://agent:***@127.0.0.1:1/agentsaga" in message
-    assert "s3cret" not in message
-    assert raised.value.url == "postgresql://agent:***@127.0.0.1:1/agentsaga"
-    assert not isinstance(raised.value.__cause__, StoreError)  # the driver's error, for debugging
+from store import FencedError, RunNotFoundError
 
 
-@pytest.mark.postgres
-def test_missing_postgres_database_is_unavailable(pg_base_url):
-    url = pg_base_url.rsplit("/", 1)[0] + "/agentsaga_no_such_database"
-    with pytest.raises(StoreUnavailableError, match="agentsaga_no_such_database"):
-        open_store(url, retry_for=0.3)
+def test_record_keeps_the_failure_and_hands_the_lease_back(store):
+    # Given a leased run
+    token = new_run(store, "r1", owner="w1")
+    # When an attempt fails and asks not to be retried before T0 + 60
+    store.failures.record("r1", token=token, now=T0 + 1, owner="w1", error='{"type": "Boom"}',
+                          retry_at=T0 + 60)
+    # Then the failure is kept, the lease is free and claims wait until T0 + 60
+    assert store.failures.for_run("r1") == [(T0 + 1, "w1", "error", '{"type": "Boom"}', 0, "pending")]
+    run = store.get_run("r1")
+    assert (run.lease_owner, run.lease_expires_at, run.wake_at, run.lease_token) == (None, None, T0 + 60, token)
 
 
-def test_missing_sqlite_directory_is_unavailable(tmp_path):
-    with pytest.raises(StoreUnavailableError, match="no-such-dir"):
-        open_store(f"sqlite:///{tmp_path}/no-such-dir/x.db", retry_for=0.3)
+def test_dead_letter_then_revive_restores_the_status_it_had(store):
+    # Given a leased, running run
+    token = new_run(store, "r1", owner="w1", status="running")
+    # When it is moved to the dead letters
+    store.failures.dead_letter("r1", token=token, now=T0 + 1, owner="w1", error="{}", message="gave up")
+    run = store.get_run("r1")
+    assert (run.status, run.error, run.lease_owner) == ("dead", "gave up", None)
+    # Then reviving it puts it back to "running", claimable now, and says so
+    assert store.failures.revive("r1", now=T0 + 2, by="ann") == "running"
+    run = store.get_run("r1")
+    assert (run.status, run.error, run.wake_at) == ("running", None, None)
+    assert [row[2] for row in store.failures.for_run("r1")] == ["dead", "retried"]
+    # And a run that is not dead is not revived
+    assert store.failures.revive("r1", now=T0 + 3, by="ann") is None
 
 
-@pytest.mark.parametrize("batch", [1, 2], ids=["one-event", "batch"])
-def test_locked_sqlite_append_retries_then_is_unavailable(sqlite_url, batch):
-    # Given a run, and another connection holding the database's write lock
-    store = open_store(sqlite_url, busy_timeout=0.05, retry_for=0.3)
-    locker = raw_connect(sqlite_url)
-    try:
-        token = new_run(store, "r1")
-        locker.execute("BEGIN EXCLUSIVE")
-        # When appending while the lock is never released
-        with pytest.raises(StoreUnavailableError, match="locked") as raised:
-            store.append("r1", [ev(2 + i) for i in range(batch)], token=token, now=T0)
-        # Then the error names the database, and nothing was written
-        assert sqlite_url in str(raised.value)
-        locker.execute("ROLLBACK")
-        assert store.last_seq("r1") == 1
-    finally:
-        locker.close()
-        store.close()
+def test_failure_writes_with_a_stale_token_are_fenced_and_write_nothing(store):
+    # Given a run taken over by a second owner
+    old = new_run(store, "r1", owner="w1")
+    store.leases.acquire("r1", owner="w2", ttl=30, now=T0 + 1, force=True)
+    # When the first owner records a failure or dead-letters it
+    with pytest.raises(FencedError):
+        store.failures.record("r1", token=old, now=T0 + 2, owner="w1", error="{}")
+    with pytest.raises(FencedError):
+        store.failures.dead_letter("r1", token=old, now=T0 + 2, owner="w1", error="{}", message="m")
+    # Then nothing was written and w2 still holds the lease
+    assert store.failures.for_run("r1") == []
+    run = store.get_run("r1")
+    assert (run.status, run.lease_owner) == ("pending", "w2")
 
 
-@pytest.mark.parametrize("batch", [1, 2], ids=["one-event", "batch"])
-def test_locked_sqlite_append_succeeds_when_the_lock_goes_away(sqlite_url, batch):
-    # Given a lock held by another connection, released 0.2 s from now
-    store = open_store(sqlite_url, busy_timeout=0.05, retry_for=5)
-    locker = raw_connect(sqlite_url)
-    try:
-        token = new_run(store, "r1")
-        locker.execute("BEGIN EXCLUSIVE")
-        release = threading.Timer(0.2, locker.execute, args=("ROLLBACK",))
-        release.start()
-        # When appending meanwhile (each attempt gives up on the lock after 0.05 s)
-        store.append("r1", [ev(2 + i) for i in range(batch)], token=token, now=T0)
-        release.join()
-        # Then the retries carried it through once the lock was gone
-        assert store.last_seq("r1") == 1 + batch
-    finally:
-        locker.close()
-        store.close()
-
-
-def test_driver_errors_are_translated_not_leaked(store, raw_sql):
-    # Given a run, and its journal table dropped behind the store's back (damage)
-    new_run(store, "r1")
-    raw_sql("DROP TABLE agentsaga_events")
-    # When reading or appending
-    for call in (lambda: store.events("r1"), lambda: store.append("r1", [ev(2)], token=1, now=T0)):
-        with pytest.raises(StoreError) as raised:
-            call()
-        # Then the error is the store's own, naming the operation, with the driver's as cause
-        assert type(raised.value) is StoreError
-        assert raised.value.__cause__ is not None
-        assert not isinstance(raised.value.__cause__, StoreError)
-
-
-def test_closed_store_refuses_work(db_url):
-    store = open_store(db_url)
-    store.close()
-    store.close()  # idempotent
-    with pytest.raises(StoreError, match="closed"):
-        store.count_by_status()
-
-
-def test_invalid_arguments_are_value_errors_and_write_nothing(store):
-    token = new_run(store, "r1")
-    with pytest.raises(ValueError):
-        store.acquire_lease("r1", owner="w", ttl=0, now=T0)
-    with pytest.raises(ValueError):
-        store.create_run(run_id="r2", workflow="w", version="1", fingerprint="f", target="{}",
-                         created_at=T0, events=[], lease_owner="w")
-    with pytest.raises(ValueError):
-        store.append("r1", [ev(2)], token=token, now=T0, finished=True)
-    assert store.last_seq("r1") == 1
-    assert [r.run_id for r in store.list_runs()] == ["r1"]
+def test_failures_of_an_unknown_run_raise(store):
+    with pytest.raises(RunNotFoundError):
+        store.failures.for_run("ghost")
+    with pytest.raises(RunNotFoundError):
+        store.failures.revive("ghost", now=T0, by="ann")
+    with pytest.raises(RunNotFoundError):
+        store.failures.record("ghost", token=1, now=T0, owner="w", error="{}")

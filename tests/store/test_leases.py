@@ -1,4 +1,4 @@
-"""The store contract: leases and fencing (invariant 6). Runs on SQLite and on Postgres.
+"""The store contract: `store.leases` and fencing (invariant 6). Runs on SQLite and on Postgres.
 
 Times are explicit `now` values: the store never reads the clock, so expiry is exact.
 """
@@ -15,7 +15,7 @@ def test_acquire_free_lease_increments_token(store):
     # Given a run that was never leased (token 0)
     new_run(store, "r1", owner=None)
     # When a worker acquires it, setting a status
-    token = store.acquire_lease("r1", owner="w1", ttl=10, now=T0 + 5, status="running")
+    token = store.leases.acquire("r1", owner="w1", ttl=10, now=T0 + 5, status="running")
     # Then it gets token 1, expiring now + ttl, and this is not a recovery
     run = store.get_run("r1")
     assert token == 1
@@ -28,7 +28,7 @@ def test_acquire_held_lease_raises_lease_held(store):
     new_run(store, "r1", owner="w1", ttl=30)
     # When w2 tries to acquire it one second before expiry
     with pytest.raises(LeaseHeldError, match="w1") as raised:
-        store.acquire_lease("r1", owner="w2", ttl=10, now=T0 + 29)
+        store.leases.acquire("r1", owner="w2", ttl=10, now=T0 + 29)
     # Then the error names owner and expiry, and nothing changed
     assert (raised.value.owner, raised.value.expires_at) == ("w1", T0 + 30)
     run = store.get_run("r1")
@@ -39,7 +39,7 @@ def test_acquire_expired_lease_counts_a_recovery(store):
     # Given a lease held by w1 that expires at T0 + 30, never released
     new_run(store, "r1", owner="w1", ttl=30)
     # When w2 acquires it exactly at expiry
-    token = store.acquire_lease("r1", owner="w2", ttl=10, now=T0 + 30)
+    token = store.leases.acquire("r1", owner="w2", ttl=10, now=T0 + 30)
     # Then w2 holds token 2, and the run has been recovered once
     run = store.get_run("r1")
     assert token == 2
@@ -48,8 +48,8 @@ def test_acquire_expired_lease_counts_a_recovery(store):
 
 def test_acquire_after_release_is_not_a_recovery(store):
     token = new_run(store, "r1", owner="w1")
-    store.release_lease("r1", token=token, now=T0 + 1)
-    assert store.acquire_lease("r1", owner="w2", ttl=10, now=T0 + 2) == token + 1
+    store.leases.release("r1", token=token, now=T0 + 1)
+    assert store.leases.acquire("r1", owner="w2", ttl=10, now=T0 + 2) == token + 1
     assert store.get_run("r1").recoveries == 0
 
 
@@ -57,18 +57,18 @@ def test_force_takeover_fences_the_old_owner(store):
     # Given w1 holds a live lease
     old = new_run(store, "r1", owner="w1", ttl=30)
     # When w2 takes it over by force, before expiry
-    new = store.acquire_lease("r1", owner="w2", ttl=30, now=T0 + 1, force=True)
+    new = store.leases.acquire("r1", owner="w2", ttl=30, now=T0 + 1, force=True)
     # Then the token moved on, and every write by w1 is fenced while w2's succeed
     assert new == old + 1
     assert store.get_run("r1").lease_owner == "w2"
     with pytest.raises(FencedError):
         store.append("r1", [ev(2)], token=old, now=T0 + 2)
     with pytest.raises(FencedError):
-        store.renew_lease("r1", token=old, ttl=30, now=T0 + 2)
+        store.leases.renew("r1", token=old, ttl=30, now=T0 + 2)
     with pytest.raises(FencedError):
-        store.release_lease("r1", token=old, now=T0 + 2)
+        store.leases.release("r1", token=old, now=T0 + 2)
     with pytest.raises(FencedError):
-        store.set_wake_at("r1", token=old, wake_at=T0 + 99, now=T0 + 2)
+        store.wakeups.park("r1", token=old, wake_at=T0 + 99, now=T0 + 2)
     store.append("r1", [ev(2)], token=new, now=T0 + 2)
     assert [e.seq for e in store.events("r1")] == [1, 2]
     assert store.get_run("r1").lease_owner == "w2"
@@ -78,18 +78,18 @@ def test_renew_extends_the_lease(store):
     # Given a lease expiring at T0 + 30
     token = new_run(store, "r1", ttl=30)
     # When renewed at T0 + 25 for 30 s
-    store.renew_lease("r1", token=token, ttl=30, now=T0 + 25)
+    store.leases.renew("r1", token=token, ttl=30, now=T0 + 25)
     # Then it expires at T0 + 55, so another worker cannot take it at T0 + 40
     assert store.get_run("r1").lease_expires_at == T0 + 55
     with pytest.raises(LeaseHeldError):
-        store.acquire_lease("r1", owner="w2", ttl=10, now=T0 + 40)
+        store.leases.acquire("r1", owner="w2", ttl=10, now=T0 + 40)
 
 
 def test_release_frees_the_lease_and_keeps_the_token(store):
     # Given w1 holds the lease
     token = new_run(store, "r1", owner="w1", status="running")
     # When it releases with a status and error
-    store.release_lease("r1", token=token, now=T0 + 3, status="suspended", error="waiting")
+    store.leases.release("r1", token=token, now=T0 + 3, status="suspended", error="waiting")
     # Then owner and expiry are cleared, token unchanged, status and error set
     run = store.get_run("r1")
     assert (run.lease_owner, run.lease_expires_at, run.lease_token) == (None, None, token)
@@ -99,12 +99,12 @@ def test_release_frees_the_lease_and_keeps_the_token(store):
 def test_release_and_renew_with_stale_token_change_nothing(store):
     # Given a run leased twice over (token 2)
     new_run(store, "r1", owner="w1", ttl=30)
-    current = store.acquire_lease("r1", owner="w2", ttl=30, now=T0 + 30)
+    current = store.leases.acquire("r1", owner="w2", ttl=30, now=T0 + 30)
     # When the stale token 1 tries to renew and release
     with pytest.raises(FencedError) as renew:
-        store.renew_lease("r1", token=1, ttl=100, now=T0 + 31)
+        store.leases.renew("r1", token=1, ttl=100, now=T0 + 31)
     with pytest.raises(FencedError):
-        store.release_lease("r1", token=1, now=T0 + 31, status="failed")
+        store.leases.release("r1", token=1, now=T0 + 31, status="failed")
     # Then w2's lease is intact
     assert (renew.value.token, renew.value.current_token) == (1, current)
     run = store.get_run("r1")
@@ -113,22 +113,10 @@ def test_release_and_renew_with_stale_token_change_nothing(store):
 
 def test_lease_operations_on_unknown_run_raise_run_not_found(store):
     with pytest.raises(RunNotFoundError):
-        store.acquire_lease("ghost", owner="w", ttl=1, now=T0)
+        store.leases.acquire("ghost", owner="w", ttl=1, now=T0)
     with pytest.raises(RunNotFoundError):
-        store.acquire_lease("ghost", owner="w", ttl=1, now=T0, force=True)
+        store.leases.acquire("ghost", owner="w", ttl=1, now=T0, force=True)
     with pytest.raises(RunNotFoundError):
-        store.renew_lease("ghost", token=1, ttl=1, now=T0)
+        store.leases.renew("ghost", token=1, ttl=1, now=T0)
     with pytest.raises(RunNotFoundError):
-        store.release_lease("ghost", token=1, now=T0)
-
-
-def test_set_wake_at_parks_the_run(store):
-    # Given a leased run
-    token = new_run(store, "r1", owner="w1")
-    # When it is parked until T0 + 100 while suspended
-    store.set_wake_at("r1", token=token, wake_at=T0 + 100, now=T0 + 1, status="suspended")
-    # Then wake_at and status are recorded; clearing wake_at works too
-    run = store.get_run("r1")
-    assert (run.wake_at, run.status, run.updated_at) == (T0 + 100, "suspended", T0 + 1)
-    store.set_wake_at("r1", token=token, wake_at=None, now=T0 + 2)
-    assert store.get_run("r1").wake_at is None
+        store.leases.release("ghost", token=1, now=T0)

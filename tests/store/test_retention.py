@@ -14,7 +14,7 @@ def test_delete_runs_removes_everything_of_those_runs_only(store, raw_sql):
         token = new_run(store, run_id, events=3)
         store.append(run_id, [ev(4)], token=token, now=T0,
                      snapshot=NewSnapshot(4, "{}", "h", "every", T0))
-        store.send_signal(run_id, "s", "{}", now=T0)
+        store.signals.send(run_id, "s", "{}", now=T0)
     # When one is deleted (named twice, alongside an unknown id)
     deleted = store.delete_runs(["gone", "gone", "never-existed"])
     # Then it counts one run, and nothing of it is left in any table
@@ -27,7 +27,7 @@ def test_delete_runs_removes_everything_of_those_runs_only(store, raw_sql):
     # And the other run is intact
     assert store.last_seq("kept") == 4
     assert len(store.snapshots("kept")) == 1
-    assert len(store.pending_signals("kept")) == 1
+    assert len(store.signals.pending("kept")) == 1
 
 
 def test_a_deleted_run_id_can_be_reused_with_a_clean_journal(store):

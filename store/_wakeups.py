@@ -1,14 +1,19 @@
-"""Wake-ups: when could there next be work, and being told the moment there is (a mixin of `Store`).
+"""`store.wakeups`: when a run may next be claimed, and being told the moment it may.
 
-An idle worker must neither spin nor sleep past work. Two things tell it when to look again:
+One idea: the time at which a run becomes claimable. A run holding its lease *parks* (`park`: no
+claim takes it before `wake_at`), a signal *wakes* it (`wake`), and an idle worker must neither
+spin nor sleep past work. Two things tell it when to look again:
 
-- `next_due(now, statuses)`: the earliest time a run that is not claimable now becomes so (a lease
-  expires, a parked run's timer is due). Both are index range scans (`status, lease_expires_at`
-  and `status, wake_at`), so asking costs the same with ten runs or ten million.
+- `next_due(now=..., statuses=...)`: the earliest time a run that is not claimable now becomes so
+  (a lease expires, a parked run's timer is due). Both are index range scans (`status,
+  lease_expires_at` and `status, wake_at`), so asking costs the same with ten runs or ten million.
 - `listener()`: on Postgres, a dedicated connection LISTENing on the schema's channel. The trigger
   created with the schema (`_schema.py`) NOTIFies it, with the run's queue as payload, whenever a
   run may have become claimable (created, handed back, woken by a signal, retried). SQLite has no
   such thing: `listener()` is None and workers poll (with backoff).
+
+Taking the claimable runs is the queues' part (`_queues.py`); this part only moves and reads the
+moment they become claimable.
 
 The listener's connection is its own: LISTEN is per session, and the store's per-thread connections
 come and go with the retry boundary.
@@ -17,21 +22,16 @@ come and go with the retry boundary.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._boundary import Boundary
+from ._dialect import Dialect, marks
+from ._fence import Fence
 from .errors import StoreUnavailableError
 
-if TYPE_CHECKING:
-    from ._boundary import Boundary
-    from ._dialect import Dialect
-
-__all__ = ["ListenMixin", "Listener"]
+__all__ = ["Wakeups", "Listener"]
 
 _CHANNEL_SQL = "SELECT 'agentsaga_' || left(md5(current_schema()), 16)"
-
-
-def _marks(n: int) -> str:
-    return ", ".join("?" * n)
 
 
 class Listener:
@@ -80,9 +80,39 @@ class Listener:
         self._close_quietly()
 
 
-class ListenMixin:
-    _d: Dialect
-    _b: Boundary
+class Wakeups:
+    """When runs may next be claimed: `park`, `wake`, `next_due`, `listener`."""
+
+    def __init__(self, dialect: Dialect, boundary: Boundary, fence: Fence) -> None:
+        self._d = dialect
+        self._b = boundary
+        self._fence = fence
+
+    def park(
+        self, run_id: str, *, token: int, wake_at: float | None, now: float,
+        status: str | None = None,
+    ) -> None:
+        """Park the run until `wake_at` (None: wake now); claims skip it until then. Fenced by
+        `token`: only the lease holder parks its run."""
+        sets = "wake_at = ?"
+        params: list[Any] = [wake_at]
+        if status is not None:
+            sets += ", status = ?, updated_at = ?"
+            params += [status, now]
+        fence = self._fence
+        self._b.run("wakeups.park",
+                    lambda conn: fence.update_if_current(conn, run_id, token, sets, params))
+
+    def wake(self, run_id: str, *, now: float, statuses: Sequence[str] = ("waiting",)) -> bool:
+        """Make a parked run claimable now (a signal arrived); True if a run in `statuses` was woken.
+
+        Unfenced on purpose: it changes only when the run may be claimed, never its journal.
+        """
+        statuses = list(statuses)
+        sql = f"UPDATE agentsaga_runs SET wake_at = ? WHERE run_id = ? AND status IN ({marks(len(statuses))})"
+        return self._b.run(
+            "wakeups.wake", lambda conn: self._d.execute(conn, sql, (now, run_id, *statuses)).rowcount == 1
+        )
 
     def listener(self) -> Listener | None:
         """A new LISTENing session on Postgres (the caller closes it); None on SQLite."""
@@ -99,11 +129,12 @@ class ListenMixin:
             return None
         extra, qparams = "", []
         if queues is not None:
-            extra = f" AND queue IN ({_marks(len(queues))})"
+            extra = f" AND queue IN ({marks(len(queues))})"
             qparams = list(queues)
-        marks = _marks(len(statuses))
-        lease_sql = f"SELECT MIN(lease_expires_at) FROM agentsaga_runs WHERE status IN ({marks}) AND lease_expires_at > ?"
-        wake_sql = f"SELECT MIN(wake_at) FROM agentsaga_runs WHERE status IN ({marks}) AND wake_at > ?"
+        in_statuses = marks(len(statuses))
+        lease_sql = (f"SELECT MIN(lease_expires_at) FROM agentsaga_runs WHERE status IN ({in_statuses})"
+                     " AND lease_expires_at > ?")
+        wake_sql = f"SELECT MIN(wake_at) FROM agentsaga_runs WHERE status IN ({in_statuses}) AND wake_at > ?"
 
         def work(conn: Any) -> float | None:
             found = []
@@ -113,4 +144,4 @@ class ListenMixin:
                     found.append(float(row[0]))
             return min(found) if found else None
 
-        return self._b.run("next_due", work)
+        return self._b.run("wakeups.next_due", work)

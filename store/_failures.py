@@ -1,7 +1,9 @@
-"""Failed recoveries and the dead-letter status, kept beside the run (a mixin of `Store`).
+"""`store.failures`: failed attempts to drive a run, and the dead-letter status.
 
-The journal says what a run did; this table says what the cluster failed to do with it. A row per
-event, newest last, in `agentsaga_run_failures`:
+One idea: what the cluster failed to do with a run, and the bookkeeping that moves a run that keeps
+failing out of the way (`dead_letter`) and back (`revive`). The journal says what a run did; this
+table says what the cluster failed to do with it. A row per event, newest last, in
+`agentsaga_run_failures`:
 
 - `error`: an attempt to drive the run raised (the caller's JSON: type, message, traceback);
 - `dead`: the run was moved to status `dead` (its `status` column keeps the one to restore);
@@ -11,20 +13,20 @@ Each row also records the run's `recoveries` counter at that moment: takeovers o
 owner never released it (a worker that died or stalled) count as failed recoveries too, and the
 counter at the last retry is where the count starts again.
 
-`dead` is a status like any other to the store: no claim selects it unless asked to.
+`dead` is a status like any other to the store: no claim selects it unless asked to. The counts
+over all runs (for `agentsaga stats`) are in `store.stats`, with the other aggregates.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._boundary import Boundary
+from ._dialect import Dialect
+from ._fence import Fence
 from .errors import RunNotFoundError
 
-if TYPE_CHECKING:
-    from ._boundary import Boundary
-    from ._dialect import Dialect
-
-__all__ = ["DeadLetterMixin"]
+__all__ = ["Failures"]
 
 _INSERT = (
     "INSERT INTO agentsaga_run_failures (run_pk, at, owner, kind, error, recoveries, status)"
@@ -32,14 +34,13 @@ _INSERT = (
 )
 
 
-class DeadLetterMixin:
-    _d: Dialect
-    _b: Boundary
+class Failures:
+    """A run's failure rows: `record`, `for_run`, `dead_letter`, `revive`."""
 
-    if TYPE_CHECKING:  # from CoordinationMixin
-        def _fenced(self, run_id: str, token: int, current: int) -> Exception: ...
-
-        def _require_run(self, conn: Any, run_id: str) -> int: ...
+    def __init__(self, dialect: Dialect, boundary: Boundary, fence: Fence) -> None:
+        self._d = dialect
+        self._b = boundary
+        self._fence = fence
 
     def _leased_row(self, conn: Any, run_id: str, token: int) -> tuple[int, str, int]:
         """(pk, status, recoveries) of the run, locked, if `token` is current; else Fenced/NotFound."""
@@ -49,11 +50,11 @@ class DeadLetterMixin:
         if row is None:
             raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
         if row[3] != token:
-            raise self._fenced(run_id, token, row[3])
+            raise self._fence.fenced_error(run_id, token, row[3])
         return int(row[0]), row[1], int(row[2])
 
-    def record_failure(self, run_id: str, *, token: int, now: float, owner: str, error: str,
-                       retry_at: float | None = None) -> None:
+    def record(self, run_id: str, *, token: int, now: float, owner: str, error: str,
+               retry_at: float | None = None) -> None:
         """Record a failed attempt and give the lease back (fenced by `token`), in one transaction.
         With `retry_at`, no claim takes the run before then (a failing run is not retried hot)."""
         d = self._d
@@ -68,9 +69,9 @@ class DeadLetterMixin:
                     params.append(retry_at)
                 d.execute(conn, f"UPDATE agentsaga_runs SET {sets} WHERE pk = ?", (*params, pk))
 
-        self._b.run("record_failure", work)
+        self._b.run("failures.record", work)
 
-    def failures(self, run_id: str) -> list[tuple[float, str | None, str, str, int, str | None]]:
+    def for_run(self, run_id: str) -> list[tuple[float, str | None, str, str, int, str | None]]:
         """The run's rows, oldest first: (at, owner, kind, error JSON, recoveries then, status then)."""
         sql = (
             "SELECT f.at, f.owner, f.kind, f.error, f.recoveries, f.status FROM agentsaga_run_failures f"
@@ -80,10 +81,10 @@ class DeadLetterMixin:
         def work(conn: Any) -> list[tuple[float, str | None, str, str, int, str | None]]:
             rows = self._d.fetchall(conn, sql, (run_id,))
             if not rows:
-                self._require_run(conn, run_id)
+                self._fence.require_run(conn, run_id)
             return [(at, owner, kind, error, int(rec), status) for at, owner, kind, error, rec, status in rows]
 
-        return self._b.run("failures", work)
+        return self._b.run("failures.for_run", work)
 
     def dead_letter(self, run_id: str, *, token: int, now: float, owner: str, error: str,
                     message: str) -> None:
@@ -98,14 +99,14 @@ class DeadLetterMixin:
                 d.execute(conn, "UPDATE agentsaga_runs SET status = 'dead', error = ?, updated_at = ?,"
                                 " lease_owner = NULL, lease_expires_at = NULL WHERE pk = ?", (message, now, pk))
 
-        self._b.run("dead_letter", work)
+        self._b.run("failures.dead_letter", work)
 
     def revive(self, run_id: str, *, now: float, by: str) -> str | None:
         """Put a `dead` run back to the status it had, claimable now; that status, or None if the
         run is not dead."""
         d = self._d
 
-        def work(conn: Any) -> bool:
+        def work(conn: Any) -> str | None:
             with d.transaction(conn):
                 row = d.fetchone(conn, "SELECT pk, status, recoveries FROM agentsaga_runs WHERE run_id = ?"
                                  + d.lock_update, (run_id,))
@@ -122,4 +123,4 @@ class DeadLetterMixin:
                                 " updated_at = ? WHERE pk = ?", (status, now, pk))
                 return status
 
-        return self._b.run("revive", work)
+        return self._b.run("failures.revive", work)

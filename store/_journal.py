@@ -1,0 +1,197 @@
+"""The journal's statements: appending under the fence, and reading events back.
+
+`Store.append`, `Store.events` and `Store.create_run` are the public face; this module is the
+work they hand to the boundary. It is split from `_api.py` so that the Store reads as the list of
+what it offers, and this file as the one place that decides what a transaction on the journal
+contains. Everything here takes the connection the caller's `Boundary` call holds and opens no
+boundary call of its own: retries, error translation and the "did our COMMIT land?" check stay
+with the caller, around the whole transaction.
+
+Two shapes of append:
+- `append_one`: one event, nothing else. The hot path: the dialect's single INSERT ... SELECT,
+  fenced by the token in its WHERE clause, as one implicit transaction (about one commit).
+- `append_tx`: anything more (several events, a status, a snapshot, consumed signals, a lease
+  release) in one explicit transaction that first reads the run row (locked as the dialect says)
+  to check the token.
+
+SQL is written with `?` placeholders; the dialect rewrites them for its driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._dialect import CHUNK, Dialect, ErrorKind, iter_chunks, marks
+from ._fence import Fence
+from ._records import EventRecord, NewEvent, NewSnapshot
+from ._signals import consume_in_transaction
+from .errors import ConflictError, RunNotFoundError
+
+__all__ = ["Journal", "INSERT_EVENT", "PRUNE_SNAPSHOTS", "check_batch", "event_row"]
+
+INSERT_EVENT = (
+    "INSERT INTO agentsaga_events (run_pk, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)"
+)
+PRUNE_SNAPSHOTS = (
+    "DELETE FROM agentsaga_snapshots WHERE run_pk = ? AND seq NOT IN"
+    " (SELECT seq FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC LIMIT ?)"
+)
+_INSERT_SNAPSHOT = (
+    "INSERT INTO agentsaga_snapshots (run_pk, seq, state, sha256, schema_version, trigger,"
+    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_SELECT_EVENTS = (
+    "SELECT e.seq, e.kind, e.data, e.at FROM agentsaga_events e"
+    " JOIN agentsaga_runs r ON r.pk = e.run_pk WHERE r.run_id = ? AND e.seq > ?"
+)
+
+
+class _UniqueViolation(Exception):
+    """Internal: a duplicate key in `table`; turned into ConflictError after the rollback."""
+
+    def __init__(self, table: str):
+        self.table = table
+
+
+def check_batch(run_id: str, events: Sequence[NewEvent]) -> None:
+    """`ConflictError` if one batch names the same seq twice (before touching the database)."""
+    seen: set[int] = set()
+    for event in events:
+        if event.seq in seen:
+            raise ConflictError(
+                f"run {run_id!r}: seq {event.seq} appears twice in one batch",
+                run_id=run_id, seq=event.seq,
+            )
+        seen.add(event.seq)
+
+
+def event_row(pk: int, e: NewEvent) -> tuple[Any, ...]:
+    """The parameters of `INSERT_EVENT` for event `e` of run `pk`."""
+    return (pk, e.seq, e.kind, e.at, e.data)
+
+
+class Journal:
+    """Appends and reads on a connection the caller holds; fenced through `fence`."""
+
+    def __init__(self, dialect: Dialect, fence: Fence) -> None:
+        self._d = dialect
+        self._fence = fence
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def append_one(self, conn: Any, run_id: str, event: NewEvent, token: int) -> None:
+        d = self._d
+        try:
+            inserted = d.append_one(
+                conn, (event.seq, event.kind, event.at, event.data, run_id, token)
+            )
+        except d.driver_errors as exc:
+            if d.classify(exc, conn) is ErrorKind.UNIQUE:
+                raise ConflictError(
+                    f"run {run_id!r} already has an event at seq {event.seq}",
+                    run_id=run_id, seq=event.seq,
+                ) from exc
+            raise
+        if inserted != 1:  # the SELECT found no run with this token
+            self._fence.raise_fenced_or_missing(conn, run_id, token)
+
+    def append_tx(
+        self, conn: Any, run_id: str, events: Sequence[NewEvent], token: int, now: float,
+        status: str | None, error: str | None, finished: bool, snapshot: NewSnapshot | None,
+        keep: int | None, release: bool, consume: Sequence[int],
+    ) -> None:
+        d = self._d
+        changes_run = status is not None or release
+        fence_sql = "SELECT pk, lease_token FROM agentsaga_runs WHERE run_id = ?"
+        fence_sql += d.lock_update if changes_run else d.lock_share
+        try:
+            with d.transaction(conn):
+                row = d.fetchone(conn, fence_sql, (run_id,))
+                if row is None:
+                    raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                pk, current = row
+                if current != token:
+                    raise self._fence.fenced_error(run_id, token, current)
+                if events:
+                    rows = [event_row(pk, e) for e in events]
+                    self._insert(conn, "events", d.executemany, INSERT_EVENT, rows)
+                if consume:
+                    consume_in_transaction(d, conn, pk, run_id, consume)
+                if changes_run:
+                    sets, params = [], []
+                    if status is not None:
+                        sets += ["status = ?", "error = ?", "updated_at = ?"]
+                        params += [status, error, now]
+                        if finished:
+                            sets.append("finished_at = ?")
+                            params.append(now)
+                    if release:
+                        sets += ["lease_owner = NULL", "lease_expires_at = NULL"]
+                    sql = f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?"
+                    d.execute(conn, sql, (*params, pk))
+                if snapshot is not None:
+                    s = snapshot
+                    values = (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger,
+                              s.created_at)
+                    self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, values)
+                    if keep is not None:
+                        d.execute(conn, PRUNE_SNAPSHOTS, (pk, pk, keep))
+        except _UniqueViolation as violation:
+            # Named only now, after the rollback: Postgres answers no query inside an aborted
+            # transaction.
+            if violation.table == "snapshots":
+                assert snapshot is not None
+                raise ConflictError(
+                    f"run {run_id!r} already has a snapshot at seq {snapshot.seq}",
+                    run_id=run_id, seq=snapshot.seq,
+                ) from None
+            taken = self._existing_seqs(conn, run_id, [e.seq for e in events])
+            seq = min(taken) if taken else None
+            raise ConflictError(
+                f"run {run_id!r} already has an event at seq {seq}", run_id=run_id, seq=seq
+            ) from None
+
+    def already_journaled(self, conn: Any, run_id: str, events: Sequence[NewEvent]) -> bool:
+        """True when every event is stored byte for byte at its seq (our lost COMMIT landed)."""
+        seqs = [e.seq for e in events]
+        stored = {r.seq: r for r in self.read(conn, run_id, min(seqs) - 1, max(seqs))}
+        return all(
+            (r := stored.get(e.seq)) is not None
+            and (r.kind, r.data, r.at) == (e.kind, e.data, e.at)
+            for e in events
+        )
+
+    def _insert(self, conn: Any, table: str, call: Any, sql: str, params: Any) -> None:
+        d = self._d
+        try:
+            call(conn, sql, params)
+        except d.driver_errors as exc:
+            if d.classify(exc, conn) is ErrorKind.UNIQUE:
+                raise _UniqueViolation(table) from exc
+            raise
+
+    def _existing_seqs(self, conn: Any, run_id: str, seqs: list[int]) -> list[int]:
+        found: list[int] = []
+        for chunk in iter_chunks(seqs, CHUNK):
+            sql = (
+                "SELECT e.seq FROM agentsaga_events e JOIN agentsaga_runs r ON r.pk = e.run_pk"
+                f" WHERE r.run_id = ? AND e.seq IN ({marks(len(chunk))})"
+            )
+            found += [r[0] for r in self._d.fetchall(conn, sql, (run_id, *chunk))]
+        return found
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read(
+        self, conn: Any, run_id: str, after_seq: int, until_seq: int | None
+    ) -> list[EventRecord]:
+        """Events with `after_seq < seq <= until_seq`, ascending; RunNotFoundError if no run."""
+        sql, params = _SELECT_EVENTS, [run_id, after_seq]
+        if until_seq is not None:
+            sql += " AND e.seq <= ?"
+            params.append(until_seq)
+        rows = self._d.fetchall(conn, sql + " ORDER BY e.seq", params)
+        if not rows:
+            self._fence.require_run(conn, run_id)  # "no events" and "no run" must not look alike
+        return [EventRecord(*row) for row in rows]
