@@ -12,14 +12,12 @@ import pydantic
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 from agent_helpers import API_KEY, calls  # noqa: E402
-from booking_service import BookingService  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
 from orchestrator.agents.tool_loop import ToolContext, ToolRegistry, arun_tool_loop, run_tool_loop  # noqa: E402
-from orchestrator.testing.chatserver import reply, tool_call, tool_calls  # noqa: E402
+from orchestrator.testing import BookingService, reply, tool_call, tool_calls  # noqa: E402
 from orchestrator.agents.llm import LLM, AsyncLLM  # noqa: E402
 from workflows import END, Workflow  # noqa: E402
 
