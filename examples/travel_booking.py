@@ -4,9 +4,10 @@ the run undoes the bookings newest first. The booking service's own ledger prove
     python examples/travel_booking.py            # SQLite in a temp dir
     python examples/travel_booking.py --db postgresql://postgres@127.0.0.1:5432/test
 
-The booking service is a real HTTP server started on 127.0.0.1 (examples/booking_service.py); it
-honours the Idempotency-Key header that ``ctx.http`` sends for every effect step, so a booking
-re-sent after a crash is recognised, not made twice.
+The booking service is a real HTTP server started on 127.0.0.1 (``orchestrator.testing``'s
+``BookingService``, a test double your own saga tests can use too); it honours the
+Idempotency-Key header that ``ctx.http`` sends for every effect step, so a booking re-sent after a
+crash is recognised, not made twice.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import tempfile
 from pathlib import Path
 
 from orchestrator import Orchestrator
+from orchestrator.testing import BookingService
 from workflows import END, Retry, Workflow
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from booking_service import BookingService  # noqa: E402  (the example's own local service)
 
 trip = Workflow("trip", version="1", description="book a flight, a hotel and a car, then pay")
 

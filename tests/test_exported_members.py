@@ -42,7 +42,6 @@ EXPORTS: dict[str, set[str]] = {
     },
     "orchestrator.audit": {"Audit", "RunSummary", "VerifyReport", "VerifyProblem", "GcReport", "Stats"},
     "orchestrator.scale": {"Worker", "Limits", "QueueLimit", "DeadLetterPolicy"},
-    "orchestrator.testing": {"ChatServer", "Reply", "reply", "tool_call", "tool_calls", "error"},
     "orchestrator.cli": {"main", "build_parser"},
     "orchestrator.contrib": set(),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,46 @@ def test_the_demo_crashes_resumes_approves_and_writes_the_report(tmp_path):
     assert kinds.count("Resumed") == 2 and "SignalReceived" in kinds
 
 
+def read_until_the_signal_command(demo: subprocess.Popen) -> tuple[list[str], str]:
+    """The demo's output up to the ``agentsaga signal ...`` line it asks the user to run, and that line."""
+    lines = []
+    for line in demo.stdout:
+        lines.append(line)
+        if "agentsaga signal" in line:
+            return lines, line.strip()
+    raise AssertionError("the demo printed no `agentsaga signal` command:\n" + "".join(lines))
+
+
+def test_manual_approval_prints_a_command_that_works_as_shown_with_the_default_database(tmp_path):
+    # Given no --db and no AGENTSAGA_DB: the demo uses agentsaga.db in its working directory
+    here, elsewhere = tmp_path / "demo", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    env = {k: v for k, v in offline_env().items() if k != "AGENTSAGA_DB"}
+    demo = subprocess.Popen([agentsaga(), "demo", "--manual-approval"], cwd=here, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines, command = read_until_the_signal_command(demo)
+        # When the user pastes the printed command into another terminal, in another directory
+        argv = shlex.split(command)
+        assert argv[0] == "agentsaga" and "--db" in argv, command
+        sent = subprocess.run([agentsaga(), *argv[1:]], cwd=elsewhere, env=env, capture_output=True, text=True,
+                              timeout=30)
+        assert sent.returncode == 0, sent.stderr
+        rest, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    # Then the signal reached the demo's own database, and the run went on to book and complete
+    assert demo.returncode == 0, "".join(lines) + rest + err
+    assert "approval received" in rest and "booking service: book hotel-1" in rest
+    assert argv[argv.index("--db") + 1] == f"sqlite:///{here / 'agentsaga.db'}"
+    assert not (elsewhere / "agentsaga.db").exists()
+    # And the commands it suggests next name that database too
+    assert f"agentsaga runs --db sqlite:///{here / 'agentsaga.db'}" in rest
+    assert (here / "agentsaga-demo.html").exists()
+
+
 def test_manual_approval_waits_for_the_signal_sent_from_another_process(tmp_path):
     db = f"sqlite:///{tmp_path / 'demo.db'}"
     # Given the demo started with --manual-approval
@@ -70,12 +111,7 @@ def test_manual_approval_waits_for_the_signal_sent_from_another_process(tmp_path
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # When it prints the command to approve, and the user runs it in another process
-        lines = []
-        for line in demo.stdout:
-            lines.append(line)
-            if "agentsaga signal" in line:
-                break
-        command = line.strip()
+        lines, command = read_until_the_signal_command(demo)
         assert command.startswith("agentsaga signal demo-"), "".join(lines)
         run_id = command.split()[2]
         sent = subprocess.run([agentsaga(), "signal", run_id, "approval", "--data",
@@ -92,3 +128,14 @@ def test_manual_approval_waits_for_the_signal_sent_from_another_process(tmp_path
     with Orchestrator(db) as orc:
         state = orc.result(run_id).state
     assert state["approval"] == {"approved": False, "reason": "too expensive"} and "booking" not in state
+
+
+def test_an_in_memory_database_is_refused_before_anything_starts(capsys):
+    # Given a database the demo's child process could never share
+    from orchestrator.cli import main
+
+    # When the demo is asked to use it
+    code = main(["demo", "--db", "sqlite://"])
+    # Then it is a usage error that says why
+    assert code == 2
+    assert "in-memory SQLite" in capsys.readouterr().err

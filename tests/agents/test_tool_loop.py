@@ -12,14 +12,12 @@ import pydantic
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 from agent_helpers import API_KEY, calls  # noqa: E402
-from booking_service import BookingService  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
 from orchestrator.agents import arun_tool_loop, run_tool_loop, ToolContext, ToolRegistry  # noqa: E402
-from orchestrator.testing import reply, tool_call, tool_calls  # noqa: E402
+from orchestrator.testing import BookingService, reply, tool_call, tool_calls  # noqa: E402
 from orchestrator.agents import AsyncLLM, LLM  # noqa: E402
 from workflows import END, Workflow  # noqa: E402
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 def service(tmp_path):
     """The booking service as its own process, declining payments with 402."""
     ledger = tmp_path / "ledger.jsonl"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "examples/booking_service.py"), "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.testing.booking_service", "--port", "0",
                              "--ledger", str(ledger), "--fail-payments", "402"],
                             stdout=subprocess.PIPE, text=True)
     url = proc.stdout.readline().strip()

@@ -3,17 +3,14 @@ and store-backed circuit breakers that a graph can route around."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from compensations import BreakerConfig, BreakerRegistry
 from orchestrator import Orchestrator
+from orchestrator.testing import BookingService
 from workflows import END, Workflow
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from booking_service import BookingService  # noqa: E402
 
 SECRET = "sk-live0123456789abcdefghijklmnop"
 

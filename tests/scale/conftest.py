@@ -36,11 +36,11 @@ def wait_for(predicate: Callable[[], object], *, timeout: float, what: str, ever
 
 
 class Service:
-    """examples/booking_service.py as a process of its own, its ledger in a file."""
+    """The scripted booking service as a process of its own, its ledger in a file."""
 
     def __init__(self, tmp: Path, delay: float = 0.0) -> None:
         self.ledger_path = tmp / "ledger.jsonl"
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "examples/booking_service.py"), "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.testing.booking_service", "--port", "0",
                                       "--ledger", str(self.ledger_path), "--delay", str(delay)],
                                      stdout=subprocess.PIPE, text=True)
         self.url = self.proc.stdout.readline().strip()

@@ -1,25 +1,17 @@
-"""The example booking service, over real HTTP on loopback: idempotent bookings, cancellation,
+"""The scripted booking service, over real HTTP on loopback: idempotent bookings, cancellation,
 payment failure modes, concurrency, and its ledger (in memory, in a file, from another process)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
 
-ROOT = Path(__file__).parent.parent.parent
-SCRIPT = ROOT / "examples" / "booking_service.py"
-
-_spec = importlib.util.spec_from_file_location("booking_service", SCRIPT)
-booking_service = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(booking_service)
-BookingService = booking_service.BookingService
+from orchestrator.testing import BookingService
 
 
 @pytest.fixture
@@ -147,8 +139,8 @@ def test_concurrency_is_measured(tmp_path):
 def test_runs_as_its_own_process_and_a_test_can_count_its_side_effects(tmp_path):
     # Given the service started as a separate process, writing its ledger to a file
     ledger = tmp_path / "ledger.jsonl"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--port", "0", "--ledger", str(ledger),
-                             "--fail-payments", "402"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.testing.booking_service", "--port", "0",
+                             "--ledger", str(ledger), "--fail-payments", "402"], stdout=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")

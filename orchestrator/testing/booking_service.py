@@ -1,13 +1,21 @@
-"""A small booking service over real HTTP on 127.0.0.1, for the saga examples and crash tests.
+"""A scripted booking service over real HTTP on 127.0.0.1: the outside world of a saga, for tests.
 
-    python examples/booking_service.py --port 0 --ledger ledger.jsonl [--fail-payments 402|500:N] [--delay S]
+It is what the examples, ``agentsaga demo`` and the crash tests book against, and what your own
+saga tests can book against too: it honours ``Idempotency-Key`` and keeps a ledger of every side
+effect, so a test can count them. In the test's own process:
 
-prints its base URL on the first line and serves until interrupted (SIGINT / SIGTERM). In a test:
+    from orchestrator.testing import BookingService
 
-    service = BookingService(ledger_path=tmp / "ledger.jsonl")
-    url = service.start()
-    ...
-    service.stop()
+    with BookingService(ledger_path=tmp / "ledger.jsonl") as service:   # or service.start() / .stop()
+        result = orc.run(trip, {"api": service.url})
+        cancelled = [e["id"] for e in service.ledger() if e["action"] == "cancel"]
+
+or as a process of its own, so that a test can SIGKILL the orchestrator and keep the service:
+
+    python -m orchestrator.testing.booking_service --port 0 --ledger ledger.jsonl [--delay S]
+
+which prints its base URL on the first line of stdout and serves until SIGINT or SIGTERM
+(``--fail-payments 402`` or ``500:N``: payments are declined always, or fail N times).
 
 Endpoints (JSON bodies):
 
@@ -251,7 +259,8 @@ def _handler(service: BookingService) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="A local booking service that honours Idempotency-Key.")
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.testing.booking_service",
+                                     description="A local booking service that honours Idempotency-Key.")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free port)")
     parser.add_argument("--ledger", help="append the ledger to this JSON-lines file")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to wait before each response")
