@@ -10,23 +10,10 @@
 
 The engine (``orchestrator``) turns the journal into ``EffectRecord`` values, asks
 ``plan_compensations`` what to undo and in which order, and keeps breaker state in the store,
-applying ``decide``/``record`` to it.
+moving it with the pure machine of ``compensations.breaker_machine``.
 """
 
-from compensations._breaker import (
-    CLOSED,
-    HALF_OPEN,
-    OPEN,
-    BreakerConfig,
-    BreakerRegistry,
-    BreakerState,
-    Decision,
-    Recorded,
-    decide,
-    declare_breaker,
-    default_breakers,
-    record,
-)
+from compensations._breaker_settings import BreakerConfig, BreakerRegistry, declare_breaker, default_breakers
 from compensations._plan import CompensationPlan, EffectRecord, PlannedCompensation, plan_compensations
 from compensations._policy import DEFAULT_COMPENSATION_POLICY, CompensationPolicy
 from compensations._registry import Compensations, resolve_check, resolve_compensation
@@ -39,30 +26,22 @@ from compensations.errors import (
 )
 
 __all__ = [
-    "CLOSED",
     "DEFAULT_COMPENSATION_POLICY",
-    "HALF_OPEN",
-    "OPEN",
     "BreakerConfig",
     "BreakerConfigError",
     "BreakerRegistry",
-    "BreakerState",
     "BreakerStateError",
     "CompensationDefinitionError",
     "CompensationPlan",
     "CompensationPolicy",
     "Compensations",
     "CompensationsError",
-    "Decision",
     "EffectRecord",
     "PlanError",
     "PlannedCompensation",
-    "Recorded",
-    "decide",
     "declare_breaker",
     "default_breakers",
     "plan_compensations",
-    "record",
     "resolve_check",
     "resolve_compensation",
 ]

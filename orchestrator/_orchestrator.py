@@ -121,7 +121,7 @@ class Orchestrator:
         if tool_limits is not None and tool_limits.calls:
             call_limits = CallLimits(self.store, tool_limits.calls, owner=config.owner, clock=the_clock,
                                      ttl=tool_limits.slot_ttl)
-        self.tools = ToolBox(breakers=StoreBreakers(self.store, the_clock), registry=self._breaker_settings,
+        self.tools = ToolBox(breakers=StoreBreakers(self.store, the_clock), breaker_settings=self._breaker_settings,
                              redactor=redactor, clock=the_clock, max_body=max_body, call_limits=call_limits)
         self.engine = Engine(self.store, config, workflows=self.workflows, compensations=compensations,
                              tools=self.tools, redactor=redactor, replay=replay, observers=observers)

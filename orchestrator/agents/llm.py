@@ -232,7 +232,7 @@ class _Base:
         if isinstance(self._breaker, BreakerConfig):
             config_for: Any = lambda _name: self._breaker  # noqa: E731
         elif step_tools is not None:
-            config_for = step_tools.box.registry.config_for
+            config_for = step_tools.box.breaker_settings.config_for
         else:
             config_for = lambda n: BreakerConfig(name=n)  # noqa: E731
         options["breaker"] = breakers.hooks(config_for, step_tools.transitions.append if step_tools else None)

@@ -49,7 +49,7 @@ def fork_point(
     if last is None:
         ran = sorted({d["step"] for _, k, d in events if isinstance(d.get("step"), str) and _of_execution(k)})
         raise RunStateError(f"run {run_id!r} never ran step {step!r}; it ran: {', '.join(ran) or 'no steps'}")
-    rs = RunState()
+    folded = RunState()
     for seq, kind, data in events[:last]:
-        apply(rs, seq, kind, data, reduce)
-    return ForkPoint(step=step, seq=rs.state_seq, state=rs.state)
+        apply(folded, seq, kind, data, reduce)
+    return ForkPoint(step=step, seq=folded.state_seq, state=folded.state)

@@ -167,7 +167,7 @@ class _Builder:
         self.reduce = reduce
         self.keep_states = keep_states
         self.state_chars = state_chars
-        self.rs: RunState | None = RunState()
+        self.folded: RunState | None = RunState()
         self.notes: list[str] = [] if reduce else [
             f"workflow {rec.workflow!r} is not importable here: states are folded without its reducers "
             "and may differ from what the run saw"]
@@ -195,9 +195,9 @@ class _Builder:
         self.count += 1
         self.first_at = at if self.first_at is None else self.first_at
         self.last_at = at
-        rs = self.rs
-        tick = rs.tick if rs is not None else -1
-        epoch = rs.epoch if rs is not None else 0
+        folded = self.folded
+        tick = folded.tick if folded is not None else -1
+        epoch = folded.epoch if folded is not None else 0
         if kind in _STEP_KINDS:
             self.step_event(seq, kind, at, data, tick, epoch)
         elif kind == EventKind.RUN_STARTED:
@@ -229,24 +229,24 @@ class _Builder:
         self.fold(seq, kind, data)
 
     def fold(self, seq: int, kind: str, data: dict[str, Any]) -> None:
-        rs = self.rs
-        if rs is None:
+        folded = self.folded
+        if folded is None:
             return
-        before = (rs.tick, rs.epoch, rs.state_seq)
+        before = (folded.tick, folded.epoch, folded.state_seq)
         try:
             if self.reduce is None:
-                apply(rs, seq, kind, data)
+                apply(folded, seq, kind, data)
             else:
-                apply(rs, seq, kind, data, self.reduce)
+                apply(folded, seq, kind, data, self.reduce)
         except Exception as exc:  # an unknown kind or a damaged event: show the run anyway
             self.notes.append(f"the fold stopped at seq {seq} ({kind}): {exc}; `agentsaga verify` says more")
-            self.rs = None
+            self.folded = None
             return
-        if (rs.tick, rs.epoch, rs.state_seq) != before or kind == EventKind.RUN_STARTED:
-            if rs.frontier and rs.status in ("running", "pending"):
-                self.ticks.append({"tick": rs.tick, "epoch": rs.epoch, "steps": list(rs.frontier), "seq": seq})
+        if (folded.tick, folded.epoch, folded.state_seq) != before or kind == EventKind.RUN_STARTED:
+            if folded.frontier and folded.status in ("running", "pending"):
+                self.ticks.append({"tick": folded.tick, "epoch": folded.epoch, "steps": list(folded.frontier), "seq": seq})
             if self.keep_states:
-                self.states[rs.state_seq] = _clip_json(rs.state, self.state_chars)
+                self.states[folded.state_seq] = _clip_json(folded.state, self.state_chars)
 
     def execution(self, step: str, seq: int, at: float, data: dict[str, Any], tick: int, epoch: int) -> Execution:
         """The step's execution in progress, opened by this event if it is the first of one."""
@@ -345,7 +345,7 @@ class _Builder:
 
     # -- the end -------------------------------------------------------------------------------------
     def finish(self, snapshots: Sequence[SnapshotRecord]) -> RunSummary:
-        rec, rs = self.rec, self.rs
+        rec, folded = self.rec, self.folded
         for x in self.open.values():
             if rec.status == "waiting":
                 x.outcome = "waiting"
@@ -358,9 +358,9 @@ class _Builder:
             snaps.append({"seq": snap.seq, "trigger": snap.trigger, "created_at": snap.created_at,
                           "sha256": snap.sha256, "bytes": len(snap.state.encode()),
                           "problem": snapshot_problem(snap)})
-        state: Any = rs.state if rs is not None else None
-        if rs is not None and rs.seq and rs.status != rec.status and TERMINAL_STATUSES & {rs.status, rec.status}:
-            self.notes.append(f"the run row says {rec.status!r} but its journal folds to {rs.status!r}")
+        state: Any = folded.state if folded is not None else None
+        if folded is not None and folded.seq and folded.status != rec.status and TERMINAL_STATUSES & {folded.status, rec.status}:
+            self.notes.append(f"the run row says {rec.status!r} but its journal folds to {folded.status!r}")
         started = self.started
         return RunSummary(
             run_id=rec.run_id, workflow=rec.workflow, version=rec.version, fingerprint=rec.fingerprint,

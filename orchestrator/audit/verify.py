@@ -117,7 +117,7 @@ def verify_journal(
             problems.append(VerifyProblem("snapshot", snap.seq, f"is at seq {snap.seq}, outside the journal (1..{last})"))
     by_seq = {s.seq: s for s in pending}
     bad_hash = {p.seq for p in problems}
-    rs = RunState()
+    folded = RunState()
     stopped: int | None = None
     for index, event in enumerate(events):
         seq = event.seq
@@ -138,9 +138,9 @@ def verify_journal(
             break
         try:
             if reduce is None:
-                apply(rs, seq, event.kind, data)
+                apply(folded, seq, event.kind, data)
             else:
-                apply(rs, seq, event.kind, data, reduce)
+                apply(folded, seq, event.kind, data, reduce)
         except Exception as exc:  # any failure to fold is the finding, whatever its type
             problems.append(VerifyProblem("journal", seq, f"{event.kind} does not fold: "
                                                           f"{type(exc).__name__}: {exc}"))
@@ -148,7 +148,7 @@ def verify_journal(
             break
         snap = by_seq.get(seq)
         if snap is not None:
-            found = _compare(snap, rs, with_state=reduce is not None)
+            found = _compare(snap, folded, with_state=reduce is not None)
             if found is not None:
                 problems.append(found)
             elif seq not in bad_hash:
@@ -158,18 +158,18 @@ def verify_journal(
         if later:
             notes.append(f"snapshots at seq {', '.join(map(str, later))} were not compared with the fold: "
                          f"it stopped at seq {stopped}")
-    elif run_status is not None and events and rs.status != run_status and (
-            rs.status in TERMINAL_STATUSES or run_status in TERMINAL_STATUSES):
+    elif run_status is not None and events and folded.status != run_status and (
+            folded.status in TERMINAL_STATUSES or run_status in TERMINAL_STATUSES):
         # Only an end is compared: between active statuses the row may lead its journal (a lease
         # taken marks a pending run running before its Resumed event is appended).
         problems.append(VerifyProblem("run", None, f"the run row's status is {run_status!r} but the journal "
-                                                   f"folds to {rs.status!r}"))
+                                                   f"folds to {folded.status!r}"))
     return VerifyReport(run_id=run_id, events=len(events), snapshots=len(pending), snapshots_verified=verified,
                         problems=tuple(problems), notes=tuple(notes))
 
 
-def _compare(snap: SnapshotRecord, rs: RunState, *, with_state: bool) -> VerifyProblem | None:
-    expected_text = codec.canonical_dumps(rs.to_json())
+def _compare(snap: SnapshotRecord, folded: RunState, *, with_state: bool) -> VerifyProblem | None:
+    expected_text = codec.canonical_dumps(folded.to_json())
     if with_state and snap.state == expected_text:
         return None
     try:

@@ -84,7 +84,7 @@ class Engine:
                                      observers=observers)
         self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock, interval=config.heartbeat)
         steps = StepRunner(self.journal, store=store, clock=config.clock, sleep=config.sleep, rng=config.rng,
-                           registry=compensations, tools=tools, replay=replay)
+                           compensations=compensations, tools=tools, replay=replay)
         saga = SagaRunner(self.journal, compensations, clock=config.clock, sleep=config.sleep, rng=config.rng,
                           tools=tools)
         self.driver = Driver(self.journal, steps, saga, self.heartbeat, store=store, clock=config.clock)

@@ -55,18 +55,18 @@ def has_pending_effects(folded: RunState) -> bool:
 class SagaRunner:
     """Runs a run's saga: its compensations, each journaled before and after, then the saga's end."""
 
-    def __init__(self, journal: JournalWriter, registry: Compensations | None, *, clock: Callable[[], float],
+    def __init__(self, journal: JournalWriter, compensations: Compensations | None, *, clock: Callable[[], float],
                  sleep: Callable[[float], Awaitable[None]], rng: random.Random,
                  tools: ToolsForSteps | None = None) -> None:
         self.journal = journal
-        self.registry = registry
+        self.compensations = compensations
         self.clock = clock
         self.sleep = sleep
         self.rng = rng
         self.tools = tools
 
     def policy(self, name: str) -> CompensationPolicy:
-        return self.registry.policy_for(name) if self.registry is not None else DEFAULT_COMPENSATION_POLICY
+        return self.compensations.policy_for(name) if self.compensations is not None else DEFAULT_COMPENSATION_POLICY
 
     async def run(self, run: ActiveRun) -> None:
         """Compensate what the saga's scope holds, then end it per its reason."""
@@ -77,7 +77,7 @@ class SagaRunner:
         for item in plan.items:
             effect = item.effect
             step = run.workflow.steps.get(effect.step)
-            handler = resolve_compensation(step, self.registry) if step is not None else None
+            handler = resolve_compensation(step, self.compensations) if step is not None else None
             if handler is None:  # the step lost its compensation since the effect was made
                 continue
             if not await self._compensate_one(run, effect, handler):

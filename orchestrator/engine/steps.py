@@ -56,14 +56,14 @@ class StepRunner:
 
     def __init__(self, journal: JournalWriter, *, store: Store, clock: Callable[[], float],
                  sleep: Callable[[float], Awaitable[None]], rng: random.Random,
-                 registry: Compensations | None = None, tools: ToolsForSteps | None = None,
+                 compensations: Compensations | None = None, tools: ToolsForSteps | None = None,
                  replay: Any = None) -> None:
         self.journal = journal
         self.store = store
         self.clock = clock
         self.sleep = sleep
         self.rng = rng
-        self.registry = registry
+        self.compensations = compensations
         self.tools = tools
         self.replay = replay
 
@@ -158,7 +158,7 @@ class StepRunner:
         if step.effect:
             data["effect"] = True
             data["key"] = key
-            data["compensable"] = resolve_compensation(step, self.registry) is not None
+            data["compensable"] = resolve_compensation(step, self.compensations) is not None
         try:
             self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
         except EncodingError:
@@ -190,7 +190,7 @@ class StepRunner:
         wf = run.workflow
         step = wf.steps[name]
         folded = run.folded
-        check = resolve_check(step, self.registry)
+        check = resolve_check(step, self.compensations)
         if check is not None:
             ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=folded.failures.get(name, 0) + 1,
                               tick=folded.tick, clock=self.clock, idempotency_key=key)
@@ -203,7 +203,7 @@ class StepRunner:
             data: dict[str, Any] = {
                 "step": name, "tick": folded.tick, "attempt": ctx.attempt, "input": self.input_ref(run, name),
                 "update": update, "next": self.route(run, name, update), "ms": 0.0, "reconciled": "check",
-                "effect": True, "key": key, "compensable": resolve_compensation(step, self.registry) is not None,
+                "effect": True, "key": key, "compensable": resolve_compensation(step, self.compensations) is not None,
             }
             joins = wf.join_targets(name)
             if joins:

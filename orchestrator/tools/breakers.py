@@ -20,7 +20,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from compensations import BreakerConfig, BreakerRegistry, BreakerState, decide, record
+from compensations import BreakerConfig, BreakerRegistry
+from compensations.breaker_machine import BreakerState, decide, record
 from orchestrator.errors import CircuitOpenError, OrchestratorError
 
 __all__ = ["StoreBreakers", "BreakerStore"]

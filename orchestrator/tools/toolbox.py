@@ -33,11 +33,11 @@ __all__ = ["ToolBox", "StepTools"]
 class ToolBox:
     """Shared by all steps of an Orchestrator (see the module docstring)."""
 
-    def __init__(self, *, breakers: StoreBreakers, registry: BreakerRegistry | None = None,
+    def __init__(self, *, breakers: StoreBreakers, breaker_settings: BreakerRegistry | None = None,
                  redactor: Redactor | None = None, clock: Callable[[], float], max_body: int = 8192,
                  call_limits: Any = None) -> None:
         self.breakers = breakers
-        self.registry = registry or default_breakers
+        self.breaker_settings = breaker_settings or default_breakers
         self.redactor = redactor or Redactor()
         self.clock = clock
         self.max_body = max_body
@@ -67,7 +67,7 @@ class ToolBox:
         return StepTools(self, key=key, attempt=attempt, durable=durable)
 
     def breaker_config(self, breaker: str | BreakerConfig) -> BreakerConfig:
-        return self.registry.config_for(breaker) if isinstance(breaker, str) else breaker
+        return self.breaker_settings.config_for(breaker) if isinstance(breaker, str) else breaker
 
 
 class StepTools:
@@ -95,7 +95,7 @@ class StepTools:
 
     def breaker_hooks(self, config_for: Callable[[str], BreakerConfig] | None = None) -> tuple[Any, Any]:
         """``(before(name), after(name, ok))`` over the shared breakers, recording transitions here."""
-        return self.box.breakers.hooks(config_for or self.box.registry, self.transitions.append)
+        return self.box.breakers.hooks(config_for or self.box.breaker_settings, self.transitions.append)
 
     def _next_key(self) -> str | None:
         if self.key is None:

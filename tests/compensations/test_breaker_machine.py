@@ -6,19 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compensations import (
-    CLOSED,
-    HALF_OPEN,
-    OPEN,
-    BreakerConfig,
-    BreakerConfigError,
-    BreakerRegistry,
-    BreakerState,
-    BreakerStateError,
-    decide,
-    declare_breaker,
-    record,
-)
+from compensations import BreakerConfig, BreakerConfigError, BreakerRegistry, BreakerStateError, declare_breaker
+from compensations.breaker_machine import CLOSED, HALF_OPEN, OPEN, BreakerState, decide, record
 
 
 def fail_n(config, state, n, *, start=0.0, step=1.0):

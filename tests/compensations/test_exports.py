@@ -3,18 +3,25 @@
 import compensations
 
 EXPECTED = {
-    "CLOSED", "DEFAULT_COMPENSATION_POLICY", "HALF_OPEN", "OPEN", "BreakerConfig", "BreakerConfigError",
-    "BreakerRegistry", "BreakerState", "BreakerStateError", "CompensationDefinitionError",
-    "CompensationPlan", "CompensationPolicy", "Compensations", "CompensationsError", "Decision",
-    "EffectRecord", "PlanError", "PlannedCompensation", "Recorded", "decide", "declare_breaker",
-    "default_breakers", "plan_compensations", "record", "resolve_check", "resolve_compensation",
+    "DEFAULT_COMPENSATION_POLICY", "BreakerConfig", "BreakerConfigError", "BreakerRegistry", "BreakerStateError",
+    "CompensationDefinitionError", "CompensationPlan", "CompensationPolicy", "Compensations", "CompensationsError",
+    "EffectRecord", "PlanError", "PlannedCompensation", "declare_breaker", "default_breakers", "plan_compensations",
+    "resolve_check", "resolve_compensation",
 }
+#: the breaker machine is a module of its own, for the engine (not the package's surface)
+MACHINE = {"CLOSED", "OPEN", "HALF_OPEN", "BreakerState", "Decision", "Recorded", "decide", "record"}
 
 
 def test_exported_names():
     assert set(compensations.__all__) == EXPECTED
     for name in compensations.__all__:
         assert hasattr(compensations, name), name
+
+
+def test_the_breaker_machine_exports_its_pure_functions():
+    from compensations import breaker_machine
+
+    assert set(breaker_machine.__all__) == MACHINE
 
 
 def test_the_package_imports_nothing_with_io():

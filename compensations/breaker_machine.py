@@ -1,4 +1,4 @@
-"""Circuit breakers as data: a configuration, a JSON-able state, and a pure state machine.
+"""The circuit breaker machine: a JSON-able state and two pure functions that move it.
 
     closed ──(failure_threshold failures, or failure_rate over min_calls calls, within window)──► open
     open ──(a call after reset_timeout)──► half_open, admitting up to half_open_max_calls probes
@@ -39,72 +39,21 @@ Design decisions:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from compensations.errors import BreakerConfigError, BreakerStateError
+from compensations._breaker_settings import BreakerConfig, is_number
+from compensations.errors import BreakerStateError
 
-__all__ = [
-    "CLOSED", "OPEN", "HALF_OPEN",
-    "BreakerConfig", "BreakerState", "Decision", "Recorded",
-    "decide", "record",
-    "BreakerRegistry", "default_breakers", "declare_breaker",
-]
+__all__ = ["CLOSED", "OPEN", "HALF_OPEN", "BreakerState", "Decision", "Recorded", "decide", "record"]
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 _STATES = (CLOSED, OPEN, HALF_OPEN)
 _STATE_FORMAT = 1  # the "v" field of the JSON; bump with a reader for the old one
-_MIN_SAMPLES = 100
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _secs(value: float) -> str:
     return f"{value:g}s"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BreakerConfig:
-    """One breaker's settings. Times are seconds; ``failure_threshold=None`` disables the count rule."""
-
-    name: str
-    failure_threshold: int | None = 5
-    failure_rate: float | None = None
-    window: float = 60.0
-    min_calls: int = 10
-    reset_timeout: float = 30.0
-    half_open_max_calls: int = 1
-    success_threshold: int = 1
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise BreakerConfigError(f"BreakerConfig(name={self.name!r}) must be a non-empty string")
-        where = f"breaker {self.name!r}: "
-        for option in ("min_calls", "half_open_max_calls", "success_threshold"):
-            value = getattr(self, option)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise BreakerConfigError(f"{where}{option}={value!r} must be an integer >= 1")
-        threshold = self.failure_threshold
-        if threshold is not None and (not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1):
-            raise BreakerConfigError(f"{where}failure_threshold={threshold!r} must be an integer >= 1 or None")
-        rate = self.failure_rate
-        if rate is not None and (not _is_number(rate) or not 0 < rate <= 1):
-            raise BreakerConfigError(f"{where}failure_rate={rate!r} must be a number in (0, 1] or None")
-        if threshold is None and rate is None:
-            raise BreakerConfigError(f"{where}failure_threshold and failure_rate are both None; it could never open")
-        for option in ("window", "reset_timeout"):
-            value = getattr(self, option)
-            if not _is_number(value) or value <= 0 or value != value or value == float("inf"):
-                raise BreakerConfigError(f"{where}{option}={value!r} must be a positive number of seconds")
-
-    @property
-    def max_samples(self) -> int:
-        return max(_MIN_SAMPLES, self.min_calls, self.failure_threshold or 0)
-
-    def describe(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +100,12 @@ class BreakerState:
 
         def times(key: str) -> tuple[float, ...]:
             value = data.get(key, [])
-            if not isinstance(value, list) or not all(_is_number(t) for t in value):
+            if not isinstance(value, list) or not all(is_number(t) for t in value):
                 raise BreakerStateError(f"breaker state field {key!r} must be a list of numbers, got {value!r:.200}")
             return tuple(float(t) for t in value)
 
         opened_at = data.get("opened_at")
-        if opened_at is not None and not _is_number(opened_at):
+        if opened_at is not None and not is_number(opened_at):
             raise BreakerStateError(f"breaker state field 'opened_at' must be a number, got {opened_at!r}")
         probe_successes = data.get("probe_successes", 0)
         if not isinstance(probe_successes, int) or isinstance(probe_successes, bool) or probe_successes < 0:
@@ -244,51 +193,3 @@ def record(config: BreakerConfig, state: BreakerState, now: float, ok: bool) -> 
     if reason is not None:
         return Recorded(BreakerState(OPEN, opened_at=now), _transition(config, CLOSED, OPEN, reason, now))
     return Recorded(BreakerState(CLOSED, failures=failures, successes=successes), None)
-
-
-class BreakerRegistry:
-    """Breaker configurations by name; one name, one configuration."""
-
-    def __init__(self) -> None:
-        self._configs: dict[str, BreakerConfig] = {}
-
-    def declare(self, config: BreakerConfig | str, /, **settings: Any) -> BreakerConfig:
-        """Declare ``config`` (or ``name, **settings``); declaring the same settings again is fine."""
-        if isinstance(config, str):
-            config = BreakerConfig(name=config, **settings)
-        elif settings or not isinstance(config, BreakerConfig):
-            raise BreakerConfigError(f"declare() takes a BreakerConfig, or a name and settings; got {config!r}")
-        existing = self._configs.get(config.name)
-        if existing is not None and existing != config:
-            diff = ", ".join(
-                f"{f.name} {getattr(existing, f.name)!r} != {getattr(config, f.name)!r}"
-                for f in fields(config) if getattr(existing, f.name) != getattr(config, f.name)
-            )
-            raise BreakerConfigError(f"breaker {config.name!r} declared twice with different settings: {diff}")
-        self._configs[config.name] = config
-        return config
-
-    def get(self, name: str) -> BreakerConfig | None:
-        return self._configs.get(name)
-
-    def config_for(self, name: str) -> BreakerConfig:
-        """The declared configuration, else the defaults under that name (a step may just name one)."""
-        return self._configs.get(name) or BreakerConfig(name=name)
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(sorted(self._configs))
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._configs
-
-
-#: The process-wide registry that workflow files declare into (like the workflows they define).
-default_breakers = BreakerRegistry()
-
-
-def declare_breaker(name: str, /, *, registry: BreakerRegistry | None = None, **settings: Any) -> BreakerConfig:
-    """Declare a breaker in ``registry`` (default: ``default_breakers``) and return its config:
-
-        payments = declare_breaker("payments", failure_threshold=3, reset_timeout=10)
-    """
-    return (registry if registry is not None else default_breakers).declare(name, **settings)
