@@ -55,7 +55,15 @@ class Step:
             out["effect"] = True
         if self.on_failure:
             out["on_failure"] = self.on_failure
+        if self.compensate is not None:
+            # Which compensation undoes the effect is part of what a run was started under: a run
+            # must not be compensated by other code without saying so (GraphChangedError).
+            out["compensate"] = self.compensate if isinstance(self.compensate, str) else _qualname(self.compensate)
         return out
+
+
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:

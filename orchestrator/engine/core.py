@@ -38,10 +38,10 @@ from orchestrator.engine.saga import SagaRunner, has_pending_effects
 from orchestrator.engine.services import ToolsForSteps
 from orchestrator.engine.snapshots import make_snapshot, restore_run
 from orchestrator.engine.steps import StepRunner
-from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError, WorkflowNotFoundError
+from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor, Redactor
-from store import ConflictError, DuplicateRunError, NewEvent, RunRecord, Store
+from store import ConflictError, DuplicateRunError, NewEvent, RunRecord, Store, StoreError
 from workflows import Workflow
 
 __all__ = ["Engine", "EngineConfig", "default_owner", "make_result"]
@@ -196,24 +196,31 @@ class Engine:
     async def recover(self, *, limit: int | None = None) -> list[RunResult]:
         """Resume every interrupted run whose lease has expired (or that was never leased)."""
         results: list[RunResult] = []
+        tried: list[str] = []
         cfg = self.config
         while limit is None or len(results) < limit:
-            claimed = self.store.queues.claim(owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
-                                            statuses=ACTIVE_STATUSES, limit=1)
+            # One run at a time, never the same one twice in one call: one bad run never blocks the
+            # others, and a run that could not be driven is reported, not retried in a loop.
+            claimed = self.store.queues.claim_some(owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                                   statuses=ACTIVE_STATUSES, limit=1, not_runs=tried)
             if not claimed:
                 break
             run_id, token = claimed[0]
+            tried.append(run_id)
             try:
                 results.append(await self.drive_claimed(run_id, token))
-            except (WorkflowNotFoundError, GraphChangedError) as exc:
-                # Leave the run for a process that has its code; say why, do not fail it.
-                _log.error("recover: run %s skipped: %s", run_id, exc)
-                self.store.leases.release(run_id, token=token, now=cfg.clock())
+            except (StoreError, asyncio.CancelledError):
+                raise  # the database or the lease is gone: nothing else can be recovered either
+            except Exception as exc:
+                # Leave the run as the journal has it (for a process with its code, or a fix); say why.
+                _log.error("recover: run %s not recovered: %s: %s", run_id, type(exc).__name__, exc)
+                try:
+                    self.store.leases.release(run_id, token=token, now=cfg.clock())
+                except StoreError:
+                    pass  # fenced or gone meanwhile: the lease is not ours to give back
                 rec = self.store.get_run(run_id)
                 results.append(RunResult(run_id=run_id, status=rec.status, state=None, workflow=rec.workflow,
-                                         seq=self.store.last_seq(run_id), error=str(exc)))
-                if limit is None:
-                    limit = len(results) + 1000  # do not spin on the same unrunnable run
+                                         seq=self.store.last_seq(run_id), error=f"{type(exc).__name__}: {exc}"))
         return results
 
     def take_over(self, rec: RunRecord, *, workflow: Workflow | None = None) -> ActiveRun:

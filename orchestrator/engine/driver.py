@@ -87,15 +87,20 @@ class Driver:
         self.store.leases.release(run.run_id, token=run.token, now=self.clock())
 
     def _fail(self, run: ActiveRun, failures: list[GaveUp]) -> None:
-        """A step gave up with no failure route: the run fails (its saga compensates first)."""
+        """Steps gave up with no failure route: the run fails (its saga compensates first).
+
+        The steps' final failures and the run's are one transaction: either all are journaled or
+        none, so a resume never runs a step that had given up as one more attempt."""
         first = failures[0]
         error = _summary(first.error)
+        batch: list[tuple[str, dict[str, Any]]] = [(EventKind.STEP_FAILED, f.event) for f in failures]
         if has_pending_effects(run.folded):
             # The saga runs next in drive(), so a crash from here on resumes it.
-            self.journal.commit(run, [(EventKind.SAGA_STARTED, {"reason": "failure", "after_seq": 0, "step": first.step,
-                                                        "error": error})])
-            return
-        self.journal.commit(run, [(EventKind.RUN_FAILED, {"step": first.step, "error": error})])
+            batch.append((EventKind.SAGA_STARTED, {"reason": "failure", "after_seq": 0, "step": first.step,
+                                                   "error": error}))
+        else:
+            batch.append((EventKind.RUN_FAILED, {"step": first.step, "error": error}))
+        self.journal.commit(run, batch)
 
 
 def _summary(error: dict[str, Any]) -> dict[str, Any]:

@@ -60,7 +60,8 @@ class DurableExecution:
     """
 
     def __init__(self, journal: JournalWriter, run: ActiveRun, step: str, tick: int, *, signals: Any,
-                 clock: Callable[[], float], replay: Any = None) -> None:
+                 clock: Callable[[], float], replay: Any = None,
+                 check_lease: Callable[[], None] | None = None) -> None:
         self.journal = journal
         self.run = run
         self.step = step
@@ -68,6 +69,8 @@ class DurableExecution:
         self.signals = signals
         self.clock = clock
         self.replay = replay
+        #: raises FencedError when another process took the run over: asked before a call leaves
+        self.check_lease = check_lease
         self.visit = run.folded.visits.get(step, 0)
         self._calls = 0
         self._timers = 0
@@ -105,6 +108,8 @@ class DurableExecution:
         index, journaled, response = self._prepare(kind, request)
         if response is not _NOT_DONE:
             return response
+        if self.check_lease is not None:
+            self.check_lease()
         started = time.perf_counter()
         response = perform()
         if inspect.isawaitable(response):
@@ -116,6 +121,8 @@ class DurableExecution:
         index, journaled, response = self._prepare(kind, request)
         if response is not _NOT_DONE:
             return response
+        if self.check_lease is not None:
+            self.check_lease()
         started = time.perf_counter()
         response = perform()
         if inspect.isawaitable(response):

@@ -68,6 +68,8 @@ class RunState:
     received: dict[str, Any] = field(default_factory=dict)
     #: durable timers of steps not yet completed: "step:index" -> wake_at
     timers: dict[str, float] = field(default_factory=dict)
+    #: when the next attempt of a failed step may start (its journaled backoff): step -> epoch seconds
+    retry_at: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +93,7 @@ class RunState:
             "waits": self.waits,
             "received": self.received,
             "timers": self.timers,
+            "retry_at": self.retry_at,
         }
 
     @classmethod
@@ -129,6 +132,7 @@ def _step_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Re
     run.done[step] = {"update": data["update"], "next": list(data["next"]), "join": data.get("join")}
     run.failures.pop(step, None)
     run.in_flight.pop(step, None)
+    run.retry_at.pop(step, None)
     run.visits[step] = run.visits.get(step, 0) + 1
     _forget_step(run, step)
     _maybe_advance(run, seq, reduce)
@@ -148,6 +152,9 @@ def _forget_step(run: RunState, step: str, *, keep_waits: bool = False) -> None:
 def _step_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
     run.in_flight.pop(step, None)
+    run.retry_at.pop(step, None)
+    if not data.get("final") and data.get("retry_at") is not None:
+        run.retry_at[step] = data["retry_at"]
     # A retry reuses the durable calls (and signals) of earlier attempts; a final failure ends them.
     if data.get("final"):
         _forget_step(run, step)
@@ -269,16 +276,19 @@ def _saga_retried(run: RunState, seq: int, data: Mapping[str, Any], reduce: Redu
     run.status = "compensating"
 
 
-#: What a rollback restores from the checkpoint; effects and the epoch carry on.
+#: What a rollback restores from the checkpoint: everything but the effects and the epoch, which
+#: carry on. Durable calls, waits, received signals, timers and backoffs recorded after the
+#: checkpoint belong to history that was undone: none of them may be reused after it.
 _RESTORED = ("state", "tick", "frontier", "done", "failures", "visits", "arrivals", "state_seq", "routed_errors",
-             "in_flight")
+             "in_flight", "calls", "waits", "received", "timers", "retry_at")
 
 
 def _rolled_back(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     restore = data["restore"]
     keep_effects, epoch = run.effects, run.epoch + 1
+    defaults = RunState()
     for name in _RESTORED:
-        setattr(run, name, copy.deepcopy(restore[name]))
+        setattr(run, name, copy.deepcopy(restore[name]) if name in restore else getattr(defaults, name))
     run.effects, run.epoch = keep_effects, epoch
     run.status, run.saga, run.error = "running", None, None
     if data.get("input"):

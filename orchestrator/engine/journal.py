@@ -9,11 +9,16 @@ the same transaction; a terminal event sets the run's status and releases the le
 snapshot is written in the same transaction every ``snapshot_every`` events and at the end.
 
 Because events are applied from their journal text (encoded, redacted, decoded), the state in
-memory is exactly what a recovery would rebuild.
+memory is exactly what a recovery would rebuild. When a write fails (the database went away, the
+lease was taken over), the run in memory is rebuilt from the journal as it stands and the
+``ActiveRun`` is *broken*: every later commit on it raises the same error, so a parallel sibling
+cannot append after the gap and no sequence number is skipped. The caller stops driving it; a
+resume (or recovery) continues from the journal.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,13 +26,15 @@ from typing import Any
 from orchestrator.engine.events import TERMINAL_STATUSES
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, apply
-from orchestrator.engine.snapshots import make_snapshot
+from orchestrator.engine.snapshots import make_snapshot, restore_run
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
 from store import NewEvent, Store
 from workflows import Workflow
 
 __all__ = ["ActiveRun", "JournalWriter", "Observer"]
+
+_log = logging.getLogger("agentsaga.engine")
 
 #: Called after each commit with the run and the events it made durable (progress lines, tracing).
 Observer = Callable[["ActiveRun", list[NewEvent]], None]
@@ -36,7 +43,7 @@ Observer = Callable[["ActiveRun", list[NewEvent]], None]
 class ActiveRun:
     """A run this process is driving: its workflow, its lease token and what its journal folds to."""
 
-    __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "lock")
+    __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "lock", "broken")
 
     def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int) -> None:
         self.run_id = run_id
@@ -49,6 +56,8 @@ class ActiveRun:
         # at a time per run keeps seq numbers and the folded state consistent. Per run, not per
         # process, so a worker driving several runs on threads commits them concurrently.
         self.lock = threading.RLock()
+        #: the error of a failed write; once set, this process no longer appends to the run
+        self.broken: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"<ActiveRun {self.run_id!r} {self.workflow.name!r} seq={self.folded.seq} {self.folded.status}>"
@@ -72,14 +81,30 @@ class JournalWriter:
     def commit(self, run: ActiveRun, batch: Batch, *, trigger: str | None = None,
                consume_signals: list[int] | None = None) -> None:
         """Append ``batch`` (``[(kind, data), ...]``) in one transaction and fold it into ``run``."""
+        # Encoded first: a value that cannot be journaled is the caller's error and changes nothing.
+        texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
         with run.lock:
-            events = self._append(run, batch, trigger, consume_signals)
+            if run.broken is not None:
+                raise run.broken
+            try:
+                events = self._append(run, texts, trigger, consume_signals)
+            except BaseException as exc:
+                run.broken = exc
+                self._rebuild(run)
+                raise
         for observer in self.observers:
             observer(run, events)
 
-    def _append(self, run: ActiveRun, batch: Batch, trigger: str | None,
+    def _rebuild(self, run: ActiveRun) -> None:
+        """After a failed write: the run in memory becomes what its journal holds (best effort: if the
+        database cannot be read either, the broken run is left as it is and never written again)."""
+        try:
+            run.folded, run.last_snapshot_seq, _ = restore_run(self.store, run.run_id, run.workflow.reduce)
+        except Exception as exc:  # the database is still away: the run stays broken
+            _log.warning("run %s: could not re-read the journal after a failed write: %s", run.run_id, exc)
+
+    def _append(self, run: ActiveRun, texts: list[tuple[str, str]], trigger: str | None,
                 consume_signals: list[int] | None) -> list[NewEvent]:
-        texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
         now = self.clock()
         folded = run.folded
         reduce = run.workflow.reduce

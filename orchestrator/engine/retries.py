@@ -18,13 +18,15 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.wait import wait_base
 
 from orchestrator.errors import EncodingError, InDoubtError, PermanentToolError, RetryableToolError, StepTimeoutError
+from store import StoreError
 from workflows import Retry
 
 __all__ = ["NEVER_RETRY", "attempts", "with_timeout"]
 
 #: Errors a retry cannot fix, whatever the step's policy says: the tool answered "no", the effect is
-#: in doubt, or the output cannot be journaled.
-NEVER_RETRY = (PermanentToolError, InDoubtError, EncodingError)
+#: in doubt, the output cannot be journaled, or the journal itself could not be written (the run
+#: stops; a resume continues it from the journal).
+NEVER_RETRY = (PermanentToolError, InDoubtError, EncodingError, StoreError)
 
 
 class _PolicyWait(wait_base):

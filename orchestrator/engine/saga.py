@@ -76,10 +76,15 @@ class SagaRunner:
         plan = plan_compensations(effect_records(folded), after_seq=saga.get("after_seq", 0))
         for item in plan.items:
             effect = item.effect
-            step = run.workflow.steps.get(effect.step)
-            handler = resolve_compensation(step, self.compensations) if step is not None else None
-            if handler is None:  # the step lost its compensation since the effect was made
-                continue
+            handler, missing = self._handler(run, effect)
+            if handler is None:
+                # The effect was recorded with a compensation that the code no longer has (renamed or
+                # removed): never claim it was undone. The saga fails, naming it; once the code has
+                # the compensation again, ``orc.compensate`` retries the rest.
+                commit(run, [(EventKind.SAGA_FAILED, {
+                    "effect": effect.seq, "step": effect.step, "key": effect.key, "attempts": 0,
+                    "error": {"type": "orchestrator.errors.CompensationNotFound", "message": missing}})])
+                return
             if not await self._compensate_one(run, effect, handler):
                 return  # SagaFailed committed: compensation_failed
         lost = [e.describe() for e in plan.uncompensable]
@@ -101,6 +106,21 @@ class SagaRunner:
             commit(run, [(EventKind.RUN_FAILED, {"step": saga.get("step"), "error": error, "uncompensable": lost})])
         else:
             commit(run, [(EventKind.SAGA_COMPLETED, {"outcome": "compensated", "in_doubt": in_doubt})])
+
+    def _handler(self, run: ActiveRun, effect: EffectRecord) -> tuple[Any, str]:
+        """The compensation of a compensable effect, or (None, why it cannot be found)."""
+        step = run.workflow.steps.get(effect.step)
+        if step is None:
+            return None, (f"effect of step {effect.step!r} (key {effect.key!r}) has a compensation, but workflow "
+                          f"{run.workflow.name!r} no longer has that step; it was NOT undone")
+        try:
+            handler = resolve_compensation(step, self.compensations)
+        except Exception as exc:  # a registry name that no longer resolves
+            return None, f"effect of step {effect.step!r} (key {effect.key!r}) was NOT undone: {exc}"
+        if handler is None:
+            return None, (f"effect of step {effect.step!r} (key {effect.key!r}) was recorded with a compensation, "
+                          "but the step has none now (renamed or removed from the code); it was NOT undone")
+        return handler, ""
 
     async def _compensate_one(self, run: ActiveRun, effect: EffectRecord, handler: Any) -> bool:
         commit = self.journal.commit

@@ -51,8 +51,14 @@ def restore_run(store: Store, run_id: str, reduce: Reduce) -> tuple[RunState, in
     rejected: list[tuple[int, str]] = []
     folded: RunState | None = None
     snap_seq = 0
-    for snap in store.snapshots(run_id):
+    snapshots = store.snapshots(run_id)
+    last = store.last_seq(run_id) if snapshots else 0
+    for snap in snapshots:
         problem = snapshot_problem(snap)
+        if problem is None and snap.seq > last:
+            # A snapshot is only valid inside its journal: one past the end (events lost or deleted)
+            # would claim history the journal does not hold.
+            problem = f"snapshot at seq {snap.seq} lies beyond the end of the journal (last event at seq {last})"
         if problem is None:
             try:
                 candidate = RunState.from_json(codec.loads(snap.state))

@@ -12,6 +12,7 @@ then fails the run or starts its saga.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import random
 import time
@@ -28,18 +29,23 @@ from orchestrator.engine.services import ToolsForSteps
 from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
-from store import Store, StoreError
+from store import FencedError, Store, StoreError
 from workflows.errors import RoutingError
 
 __all__ = ["StepRunner", "GaveUp"]
 
 
 class GaveUp(Exception):
-    """A step failed for good (retries exhausted or a permanent error) and has no failure route."""
+    """A step failed for good (retries exhausted or a permanent error) and has no failure route.
 
-    def __init__(self, step: str, error: dict[str, Any]) -> None:
+    ``event`` is its final ``StepFailed``, not yet journaled: the driver commits it together with
+    the run's failure (or its saga's start), so a crash can never leave a step that gave up in the
+    frontier to be run again (a decision once journaled is never re-made)."""
+
+    def __init__(self, step: str, error: dict[str, Any], event: dict[str, Any]) -> None:
         self.step = step
         self.error = error
+        self.event = event
         super().__init__(f"step {step!r} failed: {error['type']}: {error['message']}")
 
 
@@ -79,7 +85,9 @@ class StepRunner:
             where = "its max_visits" if step.max_visits else f"workflow {wf.name!r} max_visits"
             self.fail(run, name, prior + 1, LoopLimitError(f"step {name!r} would run more than {bound} times ({where})"))
             return
-        view = wf.view(folded.state)
+        # The step sees a copy: mutating it in place must not change the run's state (only the
+        # returned update does, through the journal).
+        view = wf.view(copy_json(folded.state))
         input_ref = self.input_ref(run, name)
         key = idempotency_key(run, name) if step.effect else None
         failure = folded.routed_errors.get(name)
@@ -87,21 +95,28 @@ class StepRunner:
             # Invariant 4: the intent is journaled but not the outcome. Never a blind duplicate.
             if await self.reconcile(run, name, view, key):
                 return
-        if step.journals_start:
-            started: dict[str, Any] = {"step": name, "tick": tick, "attempt": prior + 1, "input": input_ref}
-            if key is not None:
-                started["key"] = key
-            self.journal.commit(run, [(EventKind.STEP_STARTED, started)])
+        due = folded.retry_at.get(name)
+        if due is not None and due > self.clock():
+            # A backoff journaled before a crash (a server's Retry-After included) still holds.
+            await self.sleep(due - self.clock())
         attempt = prior
         holder: list[StepContext] = []
 
         async def attempt_once() -> Any:
             nonlocal attempt
             attempt += 1
+            if step.journals_start:
+                # Intent before effect, for every attempt (invariant 4): a crash during a retry finds
+                # this attempt in flight and reconciles it; it is never re-sent blindly.
+                started: dict[str, Any] = {"step": name, "tick": tick, "attempt": attempt, "input": input_ref}
+                if key is not None:
+                    started["key"] = key
+                self.journal.commit(run, [(EventKind.STEP_STARTED, started)])
             ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
                               clock=self.clock, failure=failure, idempotency_key=key, tools=self.tools,
                               durable=lambda: DurableExecution(self.journal, run, name, tick, signals=self.store.signals,
-                                                               clock=self.clock, replay=self.replay))
+                                                               clock=self.clock, replay=self.replay,
+                                                               check_lease=lambda: self.check_lease(run)))
             holder[:] = [ctx]
             try:
                 if step.breaker is None:
@@ -115,7 +130,7 @@ class StepRunner:
             data = {
                 "step": name, "tick": tick, "attempt": attempt,
                 "error": error_record(exc) if exc else {"type": "unknown", "message": ""},
-                "retry_in": round(delay, 6), "final": False,
+                "retry_in": round(delay, 6), "retry_at": round(self.clock() + delay, 6), "final": False,
             }
             _add_records(data, holder)
             self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
@@ -194,9 +209,17 @@ class StepRunner:
         if check is not None:
             ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=folded.failures.get(name, 0) + 1,
                               tick=folded.tick, clock=self.clock, idempotency_key=key)
-            found = check(ctx, view)
-            if inspect.isawaitable(found):
-                found = await found
+            try:
+                found = check(ctx, view)
+                if inspect.isawaitable(found):
+                    found = await found
+            except Exception as exc:
+                # The effect stays in doubt: say so at the step, visibly, instead of leaving the run stuck.
+                doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened, and its check "
+                                     f"hook raised {type(exc).__name__}: {exc}; it is not sent again")
+                doubt.__cause__ = exc
+                self.fail(run, name, ctx.attempt, doubt)
+                return True
             if found is None:
                 return False
             update = wf.normalise_update(name, found)
@@ -223,9 +246,9 @@ class StepRunner:
         wf = run.workflow
         if name not in wf.routes and wf.state_model is None:
             return wf.successors(name, None)
-        after = dict(run.folded.state)
+        after = copy_json(run.folded.state)
         # The router sees the update as returned; whether it can be journaled is checked at commit.
-        wf.reduce(after, update)
+        wf.reduce(after, copy_json(update))
         if wf.state_model is not None:
             try:
                 wf.check_state(name, after)
@@ -253,8 +276,16 @@ class StepRunner:
             data["route"] = step.on_failure
             self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
             return
-        self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
-        raise GaveUp(name, error)
+        raise GaveUp(name, error, data)
+
+    def check_lease(self, run: ActiveRun) -> None:
+        """Before a call leaves the process: is this process still the run's owner? A process whose
+        lease was taken over learns it here, not only at its next write (invariant 6)."""
+        current = self.store.get_run(run.run_id).lease_token
+        if current != run.token:
+            raise FencedError(f"run {run.run_id!r}: the lease was taken over (token {run.token} is no longer "
+                              f"current, {current} is); no further call leaves this process",
+                              run_id=run.run_id, token=run.token, current_token=current)
 
     @staticmethod
     async def call(step: Any, ctx: StepContext, view: Any, offload: bool) -> Any:
@@ -272,6 +303,17 @@ class StepRunner:
         if timeout is None:
             return await job
         return await with_timeout(job, timeout, step.name)
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (dicts, lists, scalars), faster than ``copy.deepcopy``."""
+    if isinstance(value, dict):
+        return {k: copy_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_json(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return copy.deepcopy(value)
 
 
 def idempotency_key(run: ActiveRun, name: str) -> str:

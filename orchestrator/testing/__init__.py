@@ -4,6 +4,7 @@
 
 * ``ChatServer``: a scripted OpenAI-compatible model server on 127.0.0.1 (``reply``,
   ``tool_call``, ``tool_calls``, ``error`` and ``Reply`` script its answers).
+* ``FakeClock``: an injected clock and sleep that never waits (``Orchestrator(clock=..., sleep=...)``).
 * ``BookingService``: a booking service on 127.0.0.1 that honours ``Idempotency-Key`` and keeps
   a ledger of its side effects; ``python -m orchestrator.testing.booking_service`` runs it as a
   process of its own.
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 # imports this package first, and a package that had already imported the module it is about to
 # run as ``__main__`` would make runpy warn (and hold two copies of the module).
 _LAZY = {
+    "FakeClock": "orchestrator.testing.clock",
     "BookingService": "orchestrator.testing.booking_service",
     "ChatServer": "orchestrator.testing.chatserver",
     "Reply": "orchestrator.testing.chatserver",
@@ -32,8 +34,9 @@ _LAZY = {
 if TYPE_CHECKING:
     from orchestrator.testing.booking_service import BookingService
     from orchestrator.testing.chatserver import ChatServer, Reply, error, reply, tool_call, tool_calls
+    from orchestrator.testing.clock import FakeClock
 
-__all__ = ["BookingService", "ChatServer", "Reply", "error", "reply", "tool_call", "tool_calls"]
+__all__ = ["BookingService", "ChatServer", "FakeClock", "Reply", "error", "reply", "tool_call", "tool_calls"]
 
 
 def __getattr__(name: str) -> Any:

@@ -3,50 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
 from pydantic import BaseModel
 
 from orchestrator import EncodingError, FencedError, GraphChangedError, Orchestrator, RunNotFoundError, RunStateError
 from workflows import END, Retry, Workflow, reducers
-
-
-class FakeTime:
-    """An injected clock and sleep: sleeping advances the clock and is recorded, never waits."""
-
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.now = start
-        self.slept: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-@pytest.fixture
-def fake_time():
-    return FakeTime()
-
-
-@pytest.fixture
-def orc_factory(db_url, fake_time):
-    made: list[Orchestrator] = []
-
-    def make(*workflows: Workflow, **options) -> Orchestrator:
-        options.setdefault("clock", fake_time.clock)
-        options.setdefault("sleep", fake_time.sleep)
-        options.setdefault("rng", random.Random(7))
-        orc = Orchestrator(db_url, workflows=workflows, **options)
-        made.append(orc)
-        return orc
-
-    yield make
-    for orc in made:
-        orc.close()
 
 
 def kinds(history):

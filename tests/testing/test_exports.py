@@ -7,7 +7,7 @@ import sys
 
 import orchestrator.testing
 
-EXPECTED = ["BookingService", "ChatServer", "Reply", "error", "reply", "tool_call", "tool_calls"]
+EXPECTED = ["BookingService", "ChatServer", "FakeClock", "Reply", "error", "reply", "tool_call", "tool_calls"]
 
 
 def test_exported_names():
