@@ -90,18 +90,45 @@ class Wakeups:
 
     def park(
         self, run_id: str, *, token: int, wake_at: float | None, now: float,
-        status: str | None = None,
-    ) -> None:
+        status: str | None = None, release: bool = False, unless_signalled: Sequence[str] = (),
+    ) -> float | None:
         """Park the run until `wake_at` (None: wake now); claims skip it until then. Fenced by
-        `token`: only the lease holder parks its run."""
-        sets = "wake_at = ?"
-        params: list[Any] = [wake_at]
-        if status is not None:
-            sets += ", status = ?, updated_at = ?"
-            params += [status, now]
-        fence = self._fence
-        self._b.run("wakeups.park",
-                    lambda conn: fence.update_if_current(conn, run_id, token, sets, params))
+        `token`: only the lease holder parks its run. With `release`, the lease goes in the same
+        transaction.
+
+        `unless_signalled` names the signals the run waits for: when one of them is already pending,
+        the run is parked due now instead. Checked under the run row's lock in the same transaction,
+        so a signal sent at any moment is never lost: either it is committed before this check (and
+        seen here), or its sender's `wake` comes after the park (and sees the run waiting). Returns
+        the wake-up time set."""
+        names = list(dict.fromkeys(unless_signalled))
+        d, fence = self._d, self._fence
+
+        def work(conn: Any) -> float | None:
+            with d.transaction(conn):
+                row = d.fetchone(conn, "SELECT pk, lease_token FROM agentsaga_runs WHERE run_id = ?" + d.lock_update,
+                                 (run_id,))
+                if row is None:
+                    fence.raise_fenced_or_missing(conn, run_id, token)
+                pk, current = row
+                if current != token:
+                    raise fence.fenced_error(run_id, token, current)
+                due = wake_at
+                if names:
+                    sql = (f"SELECT 1 FROM agentsaga_signals WHERE run_pk = ? AND consumed = ? "
+                           f"AND name IN ({marks(len(names))}) LIMIT 1")
+                    if d.fetchone(conn, sql, (pk, False, *names)) is not None:
+                        due = now
+                sets, params = ["wake_at = ?"], [due]
+                if status is not None:
+                    sets.append("status = ?, updated_at = ?")
+                    params += [status, now]
+                if release:
+                    sets.append("lease_owner = NULL, lease_expires_at = NULL")
+                d.execute(conn, f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?", (*params, pk))
+                return due
+
+        return self._b.run("wakeups.park", work)
 
     def wake(self, run_id: str, *, now: float, statuses: Sequence[str] = ("waiting",)) -> bool:
         """Make a parked run claimable now (a signal arrived); True if a run in `statuses` was woken.

@@ -304,16 +304,17 @@ class Engine:
             raise RunStateError(f"run {run_id!r} is {rec.status}; it waits for no signal")
         if not isinstance(name, str) or not name:
             raise RunStateError(f"a signal needs a name, got {name!r}")
-        if rec.status == "waiting":
-            folded = self.restore(run_id, self.workflows.for_run(rec, required=False))[0]
-            waiting_for = sorted({key.split(":", 1)[1] for key in folded.waits})
-            if waiting_for and name not in waiting_for:
-                raise RunStateError(f"run {run_id!r} is waiting for {', '.join(map(repr, waiting_for))}, "
-                                    f"not {name!r}")
+        # Any name is accepted at any moment: a signal for a wait the run has not reached yet is kept
+        # until a step waits for it (and then consumed exactly once).
         text = codec.dumps(data, what=f"data of signal {name!r}")
         now = self.config.clock()
         self.store.signals.send(run_id, name, text, now=now)
-        self.store.wakeups.wake(run_id, now=now)
+        if rec.status == "waiting":
+            # Wake the run only if it waits for this signal (a signal for a later wait stays pending).
+            # A run that parks after this look finds the signal itself (``wakeups.park``).
+            folded = self.restore(run_id, self.workflows.for_run(rec, required=False))[0]
+            if name in {key.split(":", 1)[1] for key in folded.waits}:
+                self.store.wakeups.wake(run_id, now=now)
 
     def snapshot(self, run_id: str) -> int:
         """Write a snapshot of the run now (on demand) and return its seq (see ``Orchestrator.snapshot``)."""

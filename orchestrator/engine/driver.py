@@ -82,9 +82,13 @@ class Driver:
         return list(results)
 
     def park(self, run: ActiveRun, wake_at: float) -> None:
-        """The run waits: claims skip it until ``wake_at`` (or a signal wakes it); the lease goes."""
-        self.store.wakeups.park(run.run_id, token=run.token, wake_at=wake_at, now=self.clock())
-        self.store.leases.release(run.run_id, token=run.token, now=self.clock())
+        """The run waits: claims skip it until ``wake_at`` (or a signal wakes it); the lease goes.
+
+        One transaction, which also looks for a signal the run waits for that is already pending (sent
+        between the step's look and now): then the run is due at once, never parked forever."""
+        awaited = sorted({key.split(":", 1)[1] for key in run.folded.waits})
+        self.store.wakeups.park(run.run_id, token=run.token, wake_at=wake_at, now=self.clock(), release=True,
+                                unless_signalled=awaited)
 
     def _fail(self, run: ActiveRun, failures: list[GaveUp]) -> None:
         """Steps gave up with no failure route: the run fails (its saga compensates first).

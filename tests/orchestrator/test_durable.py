@@ -126,12 +126,15 @@ def test_a_signal_sent_before_the_wait_is_not_lost(db_url):
     assert result.status == "completed" and result.state["by"] == "early"
 
 
-def test_signals_to_finished_or_not_waiting_runs_are_refused(db_url):
+def test_signals_to_finished_runs_are_refused_and_others_are_kept_until_a_step_waits_for_them(db_url):
     wf = approval_workflow()
     with Orchestrator(db_url, workflows=[wf]) as orc:
         orc.run(wf, {}, run_id="w3")
-        with pytest.raises(RunStateError, match="waiting for 'approval', not 'payment'"):
-            orc.signal("w3", "payment", {})
+        # A signal no step waits for yet is kept, not refused (a later step may wait for it), and it
+        # wakes nothing: the run still waits for its approval
+        orc.signal("w3", "payment", {})
+        assert orc.recover() == []
+        assert [s[1] for s in orc.store.signals.pending("w3")] == ["payment"]
         orc.signal("w3", "approval", {"ok": True, "by": "x"})
         orc.recover()
         before = orc.store.last_seq("w3")

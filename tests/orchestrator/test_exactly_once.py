@@ -417,3 +417,58 @@ def test_an_owner_whose_lease_was_taken_over_makes_no_further_outgoing_call(orc_
         orc.run(wf, {}, run_id="f1")
     # Then the hotel request never left this process
     assert performed == ["flight"]
+
+
+# -- case 6: a signal is never lost --------------------------------------------------------------------------
+def test_a_signal_sent_between_the_steps_look_and_the_park_wakes_the_run(orc_factory):
+    # Given a step waiting for approval, and the approval sent just after the step looked for it
+    wf = Workflow("approval")
+
+    @wf.step(start=True)
+    def approve(ctx, state):
+        return {"by": ctx.wait_for("approval")["by"]}
+
+    wf.edge("approve", END)
+    orc = orc_factory(wf)
+    sender = orc_factory(wf)
+    real_pending = orc.store.signals.pending
+
+    def pending_then_signal(run_id, name=None):
+        found = real_pending(run_id, name)
+        if not found:
+            sender.signal(run_id, "approval", {"by": "ann"})  # lands after the look, before the park
+        return found
+
+    orc.store.signals.pending = pending_then_signal
+    # When the run parks
+    assert orc.run(wf, {}, run_id="a1").status == "waiting"
+    # Then it is due at once: recovery drives it to the end with the approval, consumed exactly once
+    results = orc_factory(wf).recover()
+    assert [(r.run_id, r.status) for r in results] == [("a1", "completed")]
+    assert orc.result("a1").state["by"] == "ann"
+    assert kinds(orc, "a1").count(EventKind.SIGNAL_RECEIVED) == 1
+
+
+def test_a_signal_for_a_wait_not_yet_reached_is_kept_and_delivered_once(orc_factory):
+    # Given a run waiting for a first signal
+    wf = Workflow("two-waits")
+
+    @wf.step(start=True)
+    def first(ctx, state):
+        return {"a": ctx.wait_for("first")}
+
+    @wf.step()
+    def second(ctx, state):
+        return {"b": ctx.wait_for("second")}
+
+    wf.edge("first", "second")
+    wf.edge("second", END)
+    orc = orc_factory(wf)
+    assert orc.run(wf, {}, run_id="w2").status == "waiting"
+    # When the second signal is sent before the first, then the first
+    orc.signal("w2", "second", 2)
+    orc.signal("w2", "first", 1)
+    # Then both are delivered, each exactly once
+    result = orc.resume("w2")
+    assert result.status == "completed" and result.state == {"a": 1, "b": 2}
+    assert kinds(orc, "w2").count(EventKind.SIGNAL_RECEIVED) == 2

@@ -47,3 +47,20 @@ def test_wake_moves_only_a_run_in_the_given_statuses(store):
     assert (store.get_run("waiting").wake_at, store.get_run("suspended").wake_at) == (T0 + 5, T0 + 100)
     assert store.wakeups.wake("suspended", now=T0 + 6, statuses=("suspended",)) is True
     assert store.wakeups.wake("ghost", now=T0 + 6) is False
+
+
+def test_park_releases_the_lease_and_is_due_now_when_an_awaited_signal_is_already_pending(store):
+    # Given two leased runs, one with a pending "approval" signal and one with an unrelated signal
+    for run_id, name in (("signalled", "approval"), ("other", "newsletter")):
+        token = new_run(store, run_id, owner="w1")
+        store.signals.send(run_id, name, '{"ok": true}', now=T0)
+        # When each parks forever, waiting for "approval", releasing its lease
+        due = store.wakeups.park(run_id, token=token, wake_at=1e18, now=T0 + 1, status="waiting", release=True,
+                                 unless_signalled=["approval"])
+        # Then the lease is gone in the same transaction
+        run = store.get_run(run_id)
+        assert run.lease_owner is None and run.status == "waiting"
+        assert run.wake_at == due
+    # And the run whose awaited signal was already there is due at once; the other stays parked
+    assert store.get_run("signalled").wake_at == T0 + 1
+    assert store.get_run("other").wake_at == 1e18
