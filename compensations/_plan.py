@@ -53,6 +53,8 @@ class EffectRecord:
     compensated: bool = False
     compensation_attempts: int = 0
     compensable: bool = True  #: a compensation is registered for it
+    #: for a whole-step effect, the effects its calls made (tools), undone with it by its compensation
+    calls: tuple[Any, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary for journal events and error messages (no result or args)."""

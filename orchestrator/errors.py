@@ -15,6 +15,8 @@
      ├── InDoubtError            an effect may or may not have happened and can be neither checked nor re-sent
      ├── WaitTimeoutError        ctx.wait_for's timeout passed before the signal arrived (also a TimeoutError)
      ├── PromptError             a prompt template cannot be loaded, parsed or rendered
+     ├── CallChangedError        a durable call's request differs from the one journaled at its position
+     ├── CallFailedError         a durable call failed earlier in this attempt; raised again, not re-performed
      ├── ReplayError             replaying against a cassette went wrong
      │    ├── ReplayMismatchError  the request made differs from the one recorded (the message shows the diff)
      │    └── ReplayMissingError   the cassette holds no response for this call
@@ -40,6 +42,8 @@ __all__ = [
     "RunFailedError",
     "InDoubtError",
     "WaitTimeoutError",
+    "CallChangedError",
+    "CallFailedError",
     "ReplayError",
     "ReplayMismatchError",
     "ReplayMissingError",
@@ -146,6 +150,20 @@ class CircuitOpenError(ToolError):
 
 class WaitTimeoutError(OrchestratorError, TimeoutError):
     """``ctx.wait_for``'s timeout passed before the signal arrived."""
+
+
+class CallChangedError(OrchestratorError):
+    """A durable call's request differs from the one journaled at its position (the code changed);
+    the message shows the difference."""
+
+
+class CallFailedError(OrchestratorError):
+    """A durable call failed earlier in this attempt (before a crash); its recorded error is raised
+    again instead of performing the call twice. ``type_name`` names the original exception type."""
+
+    def __init__(self, message: str, *, type_name: str) -> None:
+        self.type_name = type_name
+        super().__init__(message)
 
 
 class ReplayError(OrchestratorError):

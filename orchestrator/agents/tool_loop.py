@@ -37,17 +37,20 @@ an open breaker) is not the model's fault and propagates, so the step's ``Retry`
 
 Effects. A tool marked ``effect=True`` gets an idempotency key of its own, stable across retries,
 recoveries and replays: ``"{base}:{loop}:{iteration}.{position}"`` where ``base`` is the step's
-``ctx.idempotency_key`` (an effect step's key, which includes the rollback epoch) or else
-``"{run_id}:{step}:{tick}"``, ``loop`` the ``loop=`` name (default ``"tools"``; give two loops in
+``ctx.idempotency_key`` (every step has one; it includes the rollback epoch), ``loop`` the ``loop=`` name (default ``"tools"``; give two loops in
 one step different names), ``iteration`` the model call that asked for it and ``position`` its
 place in that call's tool calls. ``tctx.http`` sends it as ``Idempotency-Key`` (``key:n`` for the
 n-th further request), so a tool call re-sent after a crash is recognised by the service.
-Compensation rides on the saga machinery, which undoes whole effect steps: make the loop's step
-``effect=True, compensate=tools.compensate`` and return ``out.update(...)``; the step's journaled
-output then lists the effect tools that completed (``tool_effects``), and ``tools.compensate``
-undoes them newest first with each tool's ``compensate(tctx, record)`` (``tctx.idempotency_key`` is
-``"{tool key}:compensate"``). Tools must not make durable calls (``llm.chat``) themselves: a
-durable call inside another one's ``perform`` would shift the numbering on resume.
+Compensation: each completed effect tool call is journaled as an effect of its own the moment it
+returns, so a run that fails later (even in the same step, say when the loop runs out of
+iterations) undoes it. Make the loop's step ``effect=True, compensate=tools.compensate``:
+``tools.compensate`` undoes the tool calls newest first with each tool's ``compensate(tctx,
+record)`` (``tctx.idempotency_key`` is ``"{tool key}:compensate"``). When the step completes its
+tool calls join its own effect record (``out.update(...)`` still lists them as ``tool_effects`` for
+your own use); when it fails, each is undone on its own. A loop in a step without a compensation
+leaves its bookings listed as NOT undone when the run fails: never silently. Tools must not make
+durable calls (``llm.chat``) themselves: a durable call inside another one's ``perform`` would
+shift the numbering on resume.
 """
 
 from __future__ import annotations
@@ -164,10 +167,13 @@ class ToolRegistry:
         return name in self._tools
 
     def compensate(self, ctx: Any, effect: Any) -> list[str]:
-        """A step compensation: undo the effect tools the step's loop completed, newest first."""
-        result = effect.result if isinstance(effect.result, dict) else {}
+        """A step compensation: undo the effect tools the step's loop completed, newest first.
+
+        ``effect`` is the step's record (its tools' calls joined to it, and listed in its update by
+        ``LoopResult.update``), or one tool call's own record when the step failed before returning."""
+        records = _tool_records(effect)
         undone = []
-        for record in reversed(result.get(TOOL_EFFECTS) or []):
+        for record in reversed(records):
             tool = self._tools.get(record.get("tool"))
             if tool is None or tool.compensate is None:
                 raise LookupError(f"tool effect {record.get('tool')!r} (key {record.get('key')!r}) has no "
@@ -179,6 +185,24 @@ class ToolRegistry:
                 tctx._merge()
             undone.append(record["key"])
         return undone
+
+
+def _tool_records(effect: Any) -> list[dict[str, Any]]:
+    """The effect tool records an effect stands for, oldest first, each once (by key)."""
+    if getattr(effect, "call", -1) >= 0:  # one tool call's own effect
+        return [effect.result] if isinstance(effect.result, dict) else []
+    found: list[dict[str, Any]] = [c["result"] for c in getattr(effect, "calls", ()) if isinstance(c.get("result"), dict)]
+    result = effect.result if isinstance(effect.result, dict) else {}
+    found += list(result.get(TOOL_EFFECTS) or [])
+    seen: set[Any] = set()
+    out = []
+    for record in found:
+        key = record.get("key")
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(record)
+    return out
 
 
 def _describe(fn: Callable[..., Any], name: str, description: str | None, effect: bool,
@@ -266,6 +290,24 @@ class _Loop:
             return None
         return ToolContext(step=self.ctx, idempotency_key=key, call_id=call.id)
 
+    @staticmethod
+    def effect_of(tool: AgentTool | None, request: dict[str, Any],
+                  tctx: ToolContext | None) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
+        """For an effect tool: the effect its completed call made, as the engine records it (so the
+        step's compensation undoes it even if the step later fails before returning)."""
+        if tool is None or not tool.effect:
+            return None
+
+        def made(outcome: dict[str, Any]) -> dict[str, Any] | None:
+            if not outcome.get("ok"):
+                return None
+            key = tctx.idempotency_key if tctx else None
+            return {"name": tool.name, "key": key, "result": {
+                "tool": tool.name, "call_id": request["call_id"], "arguments": request["arguments"],
+                "result": outcome.get("result"), "key": key}}
+
+        return made
+
     def record(self, request: dict[str, Any], outcome: dict[str, Any], iteration: int, tool: AgentTool | None,
                tctx: ToolContext | None) -> dict[str, Any]:
         entry = {"iteration": iteration, **request, **outcome}
@@ -352,7 +394,7 @@ def run_tool_loop(ctx: Any, llm: Any, messages: Sequence[Any] | str, tools: Tool
                         tctx._merge()
                 return {"ok": True, "result": _jsonable(value)}
 
-            outcome = ctx.durable_call("tool", request, perform)
+            outcome = ctx.durable_call("tool", request, perform, effect=state.effect_of(tool, request, tctx))
             history.append(state.record(request, outcome, iteration, tool, tctx))
     raise _too_many(ctx, max_iterations, calls)
 
@@ -395,6 +437,6 @@ async def arun_tool_loop(ctx: Any, llm: Any, messages: Sequence[Any] | str, tool
                         tctx._merge()
                 return {"ok": True, "result": _jsonable(value)}
 
-            outcome = await ctx.adurable_call("tool", request, perform)
+            outcome = await ctx.adurable_call("tool", request, perform, effect=state.effect_of(tool, request, tctx))
             history.append(state.record(request, outcome, iteration, tool, tctx))
     raise _too_many(ctx, max_iterations, calls)

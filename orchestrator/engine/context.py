@@ -39,8 +39,8 @@ class StepContext:
     - ``ctx.tools``: this attempt's tools, for integrations (model clients) that make calls of their own
     """
 
-    __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "idempotency_key", "_log", "_trace",
-                 "_clock", "_t0", "_tools", "_make_tools", "_durable")
+    __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "_key", "_on_key", "_log", "_trace",
+                 "_clock", "_t0", "_tools", "_make_tools", "_durable", "_revoked")
 
     def __init__(
         self,
@@ -55,6 +55,7 @@ class StepContext:
         idempotency_key: str | None = None,
         tools: ToolsForSteps | None = None,
         durable: Callable[[], DurableCalls] | None = None,
+        on_key: Callable[[], None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -62,7 +63,10 @@ class StepContext:
         self.attempt = attempt
         self.tick = tick
         self.failure = failure
-        self.idempotency_key = idempotency_key
+        self._key = idempotency_key
+        #: told when the key may leave the process (read, or sent by ctx.http): an effect journals it
+        self._on_key = on_key
+        self._revoked = False
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._tools: StepTools | None = None  # made on first use of ctx.http / ctx.ahttp / ctx.tools
         self._make_tools = tools
@@ -88,6 +92,32 @@ class StepContext:
         self._trace.append(entry)
 
     @property
+    def idempotency_key(self) -> str | None:
+        """This step execution's key: ``run:step:tick`` (``:epoch`` after a rollback), the same on every
+        retry and recovery of the execution. Reading it counts as sending it (see docs/sagas.md)."""
+        if self._key is not None and self._on_key is not None:
+            self._on_key()
+        return self._key
+
+    def key_sent(self) -> None:
+        """Tell the engine the key is about to leave the process (what ``ctx.http`` does)."""
+        if self._key is not None and self._on_key is not None:
+            self._on_key()
+
+    def revoke(self) -> None:
+        """This attempt was abandoned (it timed out): nothing it does may reach the journal or leave
+        the process any more (see ``guard``)."""
+        self._revoked = True
+
+    def guard(self) -> None:
+        """Raise ``StepTimeoutError`` if this attempt was abandoned."""
+        if self._revoked:
+            from orchestrator.errors import StepTimeoutError
+
+            raise StepTimeoutError(f"step {self.step!r} attempt {self.attempt} timed out and was abandoned: nothing it "
+                                   "does after that reaches the journal or leaves the process")
+
+    @property
     def tools(self) -> StepTools:
         """This attempt's tools (what ``ctx.http`` and model clients use; their calls are journaled with it)."""
         if self._tools is None:
@@ -95,7 +125,8 @@ class StepContext:
                 raise RuntimeError(f"step {self.step!r}: tools (ctx.http, model calls) are only available inside a "
                                    "step run by an Orchestrator")
             durable = self._durable_calls() if self._durable is not None else None
-            self._tools = self._make_tools.for_step(key=self.idempotency_key, attempt=self.attempt, durable=durable)
+            self._tools = self._make_tools.for_step(key=self._key, attempt=self.attempt, durable=durable,
+                                                    on_key=self.key_sent, before_send=self.guard)
         return self._tools
 
     @property
@@ -121,13 +152,23 @@ class StepContext:
             durable = self._durable = durable()
         return durable
 
-    def durable_call(self, kind: str, request: Any, perform: Any) -> Any:
-        """Perform ``perform()`` once per step execution and request; journal its JSON response."""
-        return self._durable_calls("durable_call").durable_call(kind, request, perform)
+    def durable_call(self, kind: str, request: Any, perform: Any, *, if_changed: str = "raise",
+                     effect: Any = None) -> Any:
+        """Perform ``perform()`` once per step execution and request; journal its JSON response.
 
-    async def adurable_call(self, kind: str, request: Any, perform: Any) -> Any:
+        A call that raised is journaled too and raised again (not performed) if this attempt runs
+        again after a crash; a later attempt performs it anew. A request that differs from the one
+        journaled at the same position raises ``CallChangedError`` unless ``if_changed="perform"``.
+        ``effect(response)`` may return ``{"name", "key", "result"}``: the call then counts as an
+        effect of its own, undone by the step's compensation if the run fails."""
+        return self._durable_calls("durable_call").durable_call(kind, request, perform, if_changed=if_changed,
+                                                                 effect=effect)
+
+    async def adurable_call(self, kind: str, request: Any, perform: Any, *, if_changed: str = "raise",
+                            effect: Any = None) -> Any:
         """The async twin of ``durable_call``: ``perform`` returns an awaitable."""
-        return await self._durable_calls("adurable_call").adurable_call(kind, request, perform)
+        return await self._durable_calls("adurable_call").adurable_call(kind, request, perform,
+                                                                         if_changed=if_changed, effect=effect)
 
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         """Return signal ``name``'s data; until it is sent, the run waits (status ``waiting``)."""

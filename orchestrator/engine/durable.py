@@ -24,21 +24,37 @@ side-effect free: the same rule as for any step that is re-run after a crash.
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import json
 import time
+from contextvars import ContextVar
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, JournalWriter
-from orchestrator.errors import WaitTimeoutError
+from orchestrator.errors import (
+    CallChangedError,
+    CallFailedError,
+    CircuitOpenError,
+    PermanentToolError,
+    RetryableToolError,
+    ToolError,
+    WaitTimeoutError,
+)
 from orchestrator.payload import codec
+from orchestrator.payload.exceptions import error_record
 
-__all__ = ["DurableExecution", "Suspend", "FOREVER"]
+__all__ = ["DurableExecution", "Suspend", "FOREVER", "CALL_INDEX", "recorded_error"]
 
 #: wake_at of a run waiting with no timeout: only a signal wakes it
 FOREVER = 1e18
 _NOT_DONE = object()  # no journaled response for this call yet
+
+#: While a durable call is being performed: its index in the step execution. What the call sends
+#: (an HTTP request's idempotency key) can be a stable function of its position with it.
+CALL_INDEX: ContextVar[int | None] = ContextVar("agentsaga_call_index", default=None)
 
 
 class Suspend(BaseException):
@@ -53,15 +69,17 @@ class Suspend(BaseException):
 
 # -- the runtime a step's context talks to ----------------------------------------------------------
 class DurableExecution:
-    """One execution of a step: numbers its durable calls and timers, and journals them.
+    """One attempt of a step: numbers its durable calls and timers, and journals them.
 
-    ``signals`` is where signals wait to be consumed (``store.signals``); ``replay`` a cassette answering
-    durable calls instead of the outside world (None: perform them).
+    ``signals`` is where signals wait to be consumed (``store.signals``); ``replay`` a cassette
+    answering durable calls instead of the outside world (None: perform them); ``guard`` is asked
+    before a call leaves the process and before anything is journaled (it raises when this
+    process lost the run's lease, or the attempt timed out and was abandoned).
     """
 
     def __init__(self, journal: JournalWriter, run: ActiveRun, step: str, tick: int, *, signals: Any,
-                 clock: Callable[[], float], replay: Any = None,
-                 check_lease: Callable[[], None] | None = None) -> None:
+                 clock: Callable[[], float], replay: Any = None, attempt: int = 1,
+                 guard: Callable[[], None] | None = None, compensable: bool = False) -> None:
         self.journal = journal
         self.run = run
         self.step = step
@@ -69,18 +87,23 @@ class DurableExecution:
         self.signals = signals
         self.clock = clock
         self.replay = replay
-        #: raises FencedError when another process took the run over: asked before a call leaves
-        self.check_lease = check_lease
+        self.attempt = attempt
+        self.guard = guard
+        #: whether effects of this step's calls have a compensation (the step's)
+        self.compensable = compensable
         self.visit = run.folded.visits.get(step, 0)
         self._calls = 0
         self._timers = 0
 
     # durable calls
-    def _prepare(self, kind: str, request: Mapping[str, Any]) -> tuple[int, Any, Any]:
-        """Number the call and find its journaled response: (index, journaled request, response or
-        ``_NOT_DONE``). A journaled ``null`` response is a response like any other."""
+    def _prepare(self, kind: str, request: Mapping[str, Any], if_changed: str) -> tuple[int, Any, Any, bool]:
+        """Number the call and find its journaled outcome: (index, journaled request, response or
+        ``_NOT_DONE``, whether it replaces a changed request). A journaled ``null`` response is a
+        response like any other; a journaled failure of this attempt is raised again."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"durable_call kind must be a non-empty string, got {kind!r}")
+        if if_changed not in ("raise", "perform"):
+            raise ValueError(f"durable_call if_changed must be 'raise' or 'perform', got {if_changed!r}")
         index = self._calls
         self._calls += 1
         # force=True: the event's redaction may run whatever this request holds (a response can
@@ -89,45 +112,98 @@ class DurableExecution:
                                                                        f"{self.step!r}"), force=True)
         journaled_request = codec.loads(text)
         prior = self.run.folded.calls.get(self.step, {}).get(str(index))
-        if prior is not None and prior["kind"] == kind and prior["request"] == journaled_request:
-            return index, journaled_request, prior["response"]
+        if prior is not None:
+            if prior["kind"] == kind and prior["request"] == journaled_request:
+                if "error" not in prior:
+                    return index, journaled_request, prior["response"], False
+                if prior.get("attempt") == self.attempt:
+                    # This attempt's call failed before a crash: its outcome is decided, raise it again
+                    # rather than sending it twice (a retry, a later attempt, performs it anew).
+                    raise recorded_error(prior["error"], self.step, index)
+                return index, journaled_request, _NOT_DONE, False
+            if if_changed == "raise":
+                raise CallChangedError(_changed(self.step, index, prior, kind, journaled_request))
+            return index, journaled_request, _NOT_DONE, True
         if self.replay is not None:  # answered from the cassette, journaled as replayed
             response = self.replay.lookup(self.step, self.visit, index, kind, journaled_request)
-            return index, journaled_request, self._record(kind, index, journaled_request, response, 0.0, True)
-        return index, journaled_request, _NOT_DONE
+            return index, journaled_request, self._record(kind, index, journaled_request, response, 0.0,
+                                                          replayed=True), False
+        return index, journaled_request, _NOT_DONE, False
 
-    def _record(self, kind: str, index: int, request: Any, response: Any, ms: float, replayed: bool) -> Any:
+    def _record(self, kind: str, index: int, request: Any, response: Any, ms: float, *, replayed: bool = False,
+                replaced: bool = False, effect: Any = None) -> Any:
+        if self.guard is not None:
+            self.guard()
         data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": index, "kind": kind,
                                 "request": request, "response": response, "ms": round(ms, 3)}
         if replayed:
             data["replayed"] = True
+        if replaced:
+            data["replaced"] = True
+        if effect is not None:
+            made = effect(response)
+            if made:
+                data["effect"] = {"compensable": self.compensable, **made}
         self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, data)])
         return self.run.folded.calls[self.step][str(index)]["response"]
 
-    def durable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Any]) -> Any:
-        index, journaled, response = self._prepare(kind, request)
+    def _record_failure(self, kind: str, index: int, request: Any, exc: Exception, ms: float) -> None:
+        if self.guard is not None:
+            try:
+                self.guard()
+            except BaseException:
+                return  # a fenced or abandoned attempt records nothing
+        error = error_record(exc, with_traceback=False)
+        for name in ("tool", "status", "retry_after"):
+            value = getattr(exc, name, None)
+            if value is not None:
+                error[name] = value
+        self.journal.commit(self.run, [(EventKind.CALL_FAILED, {
+            "step": self.step, "tick": self.tick, "index": index, "kind": kind, "request": request,
+            "error": error, "attempt": self.attempt, "ms": round(ms, 3)})])
+
+    def durable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Any], *,
+                     if_changed: str = "raise", effect: Callable[[Any], dict[str, Any] | None] | None = None) -> Any:
+        index, journaled, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
-        if self.check_lease is not None:
-            self.check_lease()
+        if self.guard is not None:
+            self.guard()
         started = time.perf_counter()
-        response = perform()
+        position = CALL_INDEX.set(index)
+        try:
+            response = perform()
+        except Exception as exc:
+            self._record_failure(kind, index, journaled, exc, (time.perf_counter() - started) * 1000)
+            raise
+        finally:
+            CALL_INDEX.reset(position)
         if inspect.isawaitable(response):
             raise TypeError(f"durable_call in step {self.step!r} got a coroutine; use await ctx.adurable_call")
-        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000, False)
+        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
+                            replaced=replaced, effect=effect)
 
-    async def adurable_call(self, kind: str, request: Mapping[str, Any],
-                            perform: Callable[[], Awaitable[Any]]) -> Any:
-        index, journaled, response = self._prepare(kind, request)
+    async def adurable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Awaitable[Any]], *,
+                            if_changed: str = "raise",
+                            effect: Callable[[Any], dict[str, Any] | None] | None = None) -> Any:
+        index, journaled, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
-        if self.check_lease is not None:
-            self.check_lease()
+        if self.guard is not None:
+            self.guard()
         started = time.perf_counter()
-        response = perform()
-        if inspect.isawaitable(response):
-            response = await response
-        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000, False)
+        position = CALL_INDEX.set(index)
+        try:
+            response = perform()
+            if inspect.isawaitable(response):
+                response = await response
+        except Exception as exc:
+            self._record_failure(kind, index, journaled, exc, (time.perf_counter() - started) * 1000)
+            raise
+        finally:
+            CALL_INDEX.reset(position)
+        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
+                            replaced=replaced, effect=effect)
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
@@ -170,3 +246,36 @@ class DurableExecution:
             return
         raise Suspend(EventKind.TIMER_STARTED, {"step": self.step, "tick": self.tick, "index": index,
                                                   "wake_at": wake_at}, wake_at)
+
+
+_TOOL_ERRORS = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError)}
+
+
+def recorded_error(error: Mapping[str, Any], step: str, index: int) -> Exception:
+    """The exception a journaled call failure stands for: the same tool error class with its fields
+    (the journal holds no pickled exceptions), or a ``CallFailedError`` naming the original type."""
+    type_name = str(error.get("type", "Exception"))
+    message = str(error.get("message", ""))
+    cls = _TOOL_ERRORS.get(type_name.rsplit(".", 1)[-1]) if type_name.startswith("orchestrator.") else None
+    if cls is RetryableToolError:
+        return RetryableToolError(message, tool=error.get("tool"), status=error.get("status"),
+                                  retry_after=error.get("retry_after"))
+    if cls is CircuitOpenError:
+        return CircuitOpenError(message, tool=error.get("tool"))
+    if cls is not None:
+        return cls(message, tool=error.get("tool"), status=error.get("status"))
+    return CallFailedError(f"call {index} of step {step!r} failed earlier in this attempt and is not performed "
+                           f"again: {type_name}: {message}", type_name=type_name)
+
+
+def _changed(step: str, index: int, prior: Mapping[str, Any], kind: str, request: Any) -> str:
+    before = prior["request"] if prior["kind"] == kind else {"kind": prior["kind"], "request": prior["request"]}
+    after = request if prior["kind"] == kind else {"kind": kind, "request": request}
+    diff = [line for line in difflib.unified_diff(
+        json.dumps(before, indent=1, sort_keys=True, default=str).splitlines(),
+        json.dumps(after, indent=1, sort_keys=True, default=str).splitlines(),
+        "journaled", "now", lineterm="", n=1)][:40]
+    return (f"call {index} ({kind}) of step {step!r} was journaled with a different request: the code changed "
+            "since it ran, and performing it again could pay twice. Pass if_changed='perform' to that call to "
+            "perform the new request (journaled as replacing the old one), or restore the code.\n"
+            + "\n".join(diff))

@@ -26,11 +26,13 @@ class EventKind:
 
     # -- steps ----------------------------------------------------------------------------------
     STEP_STARTED: Final = "StepStarted"          # durable intent (effects): the idempotency key
+    KEY_ISSUED: Final = "KeyIssued"              # an effect attempt's key was read or sent: a re-send is safe
     STEP_COMPLETED: Final = "StepCompleted"      # output, trace, routing decision, timings
     STEP_FAILED: Final = "StepFailed"            # one failed attempt, or the final failure
 
     # -- inside a step: durable calls, signals, timers ----------------------------------------------
     CALL_COMPLETED: Final = "CallCompleted"      # call i of a step execution returned (model, tool, http)
+    CALL_FAILED: Final = "CallFailed"            # call i raised: raised again, not re-performed, in that attempt
     WAIT_STARTED: Final = "WaitStarted"          # the step waits for a signal; the run parks
     SIGNAL_RECEIVED: Final = "SignalReceived"    # a signal was consumed by a waiting step
     TIMER_STARTED: Final = "TimerStarted"        # ctx.sleep: the run parks until the wake-up time

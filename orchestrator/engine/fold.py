@@ -121,14 +121,29 @@ def _step_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Redu
     run.in_flight[data["step"]] = dict(data)
 
 
+def _key_issued(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    intent = run.in_flight.get(data["step"])
+    if intent is not None:
+        intent["key_issued"] = True
+
+
 def _step_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
     if data.get("effect"):
-        run.effects.append({
+        record: dict[str, Any] = {
             "seq": seq, "step": step, "tick": run.tick, "branch": run.frontier.index(step) if step in run.frontier else 0,
             "call": -1, "name": step, "key": data["key"], "result": data["update"],
             "compensable": bool(data.get("compensable")), "compensated": False, "attempts": 0,
-        })
+        }
+        # The effects its calls made (tools of a tool loop) are undone with the step, by its
+        # compensation: they join its record instead of standing alone (never compensated twice).
+        mine = [e for e in run.effects if e["step"] == step and e["call"] >= 0 and e["tick"] == run.tick
+                and not e["compensated"] and e.get("epoch", 0) == run.epoch]
+        if mine:
+            record["calls"] = [{"index": e["call"], "name": e["name"], "key": e["key"], "result": e["result"]}
+                               for e in mine]
+            run.effects = [e for e in run.effects if not any(e is m for m in mine)]
+        run.effects.append(record)
     run.done[step] = {"update": data["update"], "next": list(data["next"]), "join": data.get("join")}
     run.failures.pop(step, None)
     run.in_flight.pop(step, None)
@@ -151,7 +166,12 @@ def _forget_step(run: RunState, step: str, *, keep_waits: bool = False) -> None:
 
 def _step_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
-    run.in_flight.pop(step, None)
+    if data.get("in_doubt") and step in run.in_flight:
+        # The attempt timed out while it may have reached the outside world: its intent stays in
+        # flight, so the next attempt (or a recovery) reconciles it instead of re-sending blindly.
+        run.in_flight[step]["in_doubt"] = True
+    else:
+        run.in_flight.pop(step, None)
     run.retry_at.pop(step, None)
     if not data.get("final") and data.get("retry_at") is not None:
         run.retry_at[step] = data["retry_at"]
@@ -221,8 +241,24 @@ def _no_change(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce)
 
 # -- inside a step: durable calls, signals, timers ------------------------------------------------
 def _call_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    run.calls.setdefault(data["step"], {})[str(data["index"])] = {
+    step = data["step"]
+    run.calls.setdefault(step, {})[str(data["index"])] = {
         "kind": data["kind"], "request": data["request"], "response": data["response"]}
+    effect = data.get("effect")
+    if effect:
+        # A call that changed the outside world (an effect tool): an effect of its own from the
+        # moment it returned, undone by its step's compensation if the run fails before the step ends.
+        run.effects.append({
+            "seq": seq, "step": step, "tick": run.tick, "branch": run.frontier.index(step) if step in run.frontier else 0,
+            "call": data["index"], "name": effect.get("name", step), "key": effect.get("key"),
+            "result": effect.get("result"), "compensable": bool(effect.get("compensable")), "compensated": False,
+            "attempts": 0, "epoch": run.epoch,
+        })
+
+
+def _call_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.calls.setdefault(data["step"], {})[str(data["index"])] = {
+        "kind": data["kind"], "request": data["request"], "error": data["error"], "attempt": data.get("attempt")}
 
 
 def _wait_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
@@ -308,10 +344,12 @@ _APPLY: dict[str, Callable[[RunState, int, Mapping[str, Any], Reduce], None]] = 
     EventKind.RUN_CANCELLED: _run_ended("cancelled"),
     # steps
     EventKind.STEP_STARTED: _step_started,
+    EventKind.KEY_ISSUED: _key_issued,
     EventKind.STEP_COMPLETED: _step_completed,
     EventKind.STEP_FAILED: _step_failed,
     # inside a step
     EventKind.CALL_COMPLETED: _call_completed,
+    EventKind.CALL_FAILED: _call_failed,
     EventKind.WAIT_STARTED: _wait_started,
     EventKind.SIGNAL_RECEIVED: _signal_received,
     EventKind.TIMER_STARTED: _timer_started,

@@ -21,12 +21,17 @@ from orchestrator.errors import EncodingError, InDoubtError, PermanentToolError,
 from store import StoreError
 from workflows import Retry
 
-__all__ = ["NEVER_RETRY", "attempts", "with_timeout"]
+__all__ = ["NEVER_RETRY", "StopAttempts", "attempts", "with_timeout"]
+
+
+class StopAttempts(Exception):
+    """Raised from inside an attempt when no further attempt may follow (the step gave up, or an
+    in-doubt attempt was settled): never retried, whatever the policy says."""
 
 #: Errors a retry cannot fix, whatever the step's policy says: the tool answered "no", the effect is
 #: in doubt, the output cannot be journaled, or the journal itself could not be written (the run
 #: stops; a resume continues it from the journal).
-NEVER_RETRY = (PermanentToolError, InDoubtError, EncodingError, StoreError)
+NEVER_RETRY = (PermanentToolError, InDoubtError, EncodingError, StoreError, StopAttempts)
 
 
 class _PolicyWait(wait_base):
@@ -72,12 +77,16 @@ async def attempts(once: Callable[[], Awaitable[Any]], policy: Retry, *, prior: 
     return await retrying(once)
 
 
-async def with_timeout(awaitable: Awaitable[Any], timeout: float, name: str) -> Any:
-    """``awaitable`` bounded by ``timeout`` seconds; ``StepTimeoutError`` names the step."""
+async def with_timeout(awaitable: Awaitable[Any], timeout: float, name: str,
+                       on_timeout: Callable[[], None] | None = None) -> Any:
+    """``awaitable`` bounded by ``timeout`` seconds; ``StepTimeoutError`` names the step.
+    ``on_timeout`` runs first (it revokes the abandoned attempt's context)."""
     try:
         async with asyncio.timeout(timeout) as scope:
             return await awaitable
     except TimeoutError:
         if scope.expired():
+            if on_timeout is not None:
+                on_timeout()
             raise StepTimeoutError(f"step {name!r} timed out after {timeout:g}s") from None
         raise

@@ -42,7 +42,8 @@ def effect_records(folded: RunState) -> list[EffectRecord]:
     return [
         EffectRecord(seq=e["seq"], step=e["step"], tick=e["tick"], branch=e["branch"], call=e["call"],
                      name=e["name"], key=e["key"], result=e["result"], compensated=e["compensated"],
-                     compensation_attempts=e["attempts"], compensable=e["compensable"])
+                     compensation_attempts=e["attempts"], compensable=e["compensable"],
+                     calls=tuple(e.get("calls") or ()))
         for e in folded.effects
     ]
 

@@ -17,9 +17,11 @@ __all__ = ["StepTools", "ToolsForSteps", "DurableCalls"]
 class DurableCalls(Protocol):
     """A step execution's durable calls (``ctx.durable_call`` / ``ctx.adurable_call``)."""
 
-    def durable_call(self, kind: str, request: Any, perform: Callable[[], Any]) -> Any: ...
+    def durable_call(self, kind: str, request: Any, perform: Callable[[], Any], *, if_changed: str = "raise",
+                     effect: Any = None) -> Any: ...
 
-    async def adurable_call(self, kind: str, request: Any, perform: Callable[[], Awaitable[Any]]) -> Any: ...
+    async def adurable_call(self, kind: str, request: Any, perform: Callable[[], Awaitable[Any]], *,
+                            if_changed: str = "raise", effect: Any = None) -> Any: ...
 
 
 class StepTools(Protocol):
@@ -46,6 +48,10 @@ class StepTools(Protocol):
 class ToolsForSteps(Protocol):
     """Makes each step attempt's tools; closed with the Orchestrator."""
 
-    def for_step(self, *, key: str | None, attempt: int, durable: DurableCalls | None) -> StepTools: ...
+    def for_step(self, *, key: str | None, attempt: int, durable: DurableCalls | None,
+                 on_key: Callable[[], None] | None = None,
+                 before_send: Callable[[], None] | None = None) -> StepTools:
+        """``on_key`` is told before the key leaves the process; ``before_send`` is asked before each send."""
+        ...
 
     def close(self) -> None: ...

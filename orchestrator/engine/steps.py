@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import threading
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -24,9 +25,9 @@ from orchestrator.engine.context import StepContext
 from orchestrator.engine.durable import DurableExecution, Suspend
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, JournalWriter
-from orchestrator.engine.retries import attempts, with_timeout
+from orchestrator.engine.retries import StopAttempts, attempts, with_timeout
 from orchestrator.engine.services import ToolsForSteps
-from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError
+from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError, StepTimeoutError
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 from store import FencedError, Store, StoreError
@@ -35,7 +36,11 @@ from workflows.errors import RoutingError
 __all__ = ["StepRunner", "GaveUp"]
 
 
-class GaveUp(Exception):
+class _Settled(StopAttempts):
+    """An in-doubt attempt was settled (found done) while retrying: no further attempt."""
+
+
+class GaveUp(StopAttempts):
     """A step failed for good (retries exhausted or a permanent error) and has no failure route.
 
     ``event`` is its final ``StepFailed``, not yet journaled: the driver commits it together with
@@ -85,15 +90,13 @@ class StepRunner:
             where = "its max_visits" if step.max_visits else f"workflow {wf.name!r} max_visits"
             self.fail(run, name, prior + 1, LoopLimitError(f"step {name!r} would run more than {bound} times ({where})"))
             return
-        # The step sees a copy: mutating it in place must not change the run's state (only the
-        # returned update does, through the journal).
-        view = wf.view(copy_json(folded.state))
         input_ref = self.input_ref(run, name)
-        key = idempotency_key(run, name) if step.effect else None
+        key = idempotency_key(run, name)  # every step has one (docs/sagas.md); effects journal it
         failure = folded.routed_errors.get(name)
+        compensable = step.effect and _has_compensation(step, self.compensations)
         if step.effect and name in folded.in_flight:
             # Invariant 4: the intent is journaled but not the outcome. Never a blind duplicate.
-            if await self.reconcile(run, name, view, key):
+            if await self.reconcile(run, name, key):
                 return
         due = folded.retry_at.get(name)
         if due is not None and due > self.clock():
@@ -104,20 +107,29 @@ class StepRunner:
 
         async def attempt_once() -> Any:
             nonlocal attempt
+            if step.effect and attempt > prior and run.folded.in_flight.get(name, {}).get("in_doubt"):
+                # The previous attempt timed out with its effect in doubt: settle it before another.
+                if await self.reconcile(run, name, key):
+                    raise _Settled
             attempt += 1
+            this = attempt
             if step.journals_start:
                 # Intent before effect, for every attempt (invariant 4): a crash during a retry finds
                 # this attempt in flight and reconciles it; it is never re-sent blindly.
-                started: dict[str, Any] = {"step": name, "tick": tick, "attempt": attempt, "input": input_ref}
-                if key is not None:
+                started: dict[str, Any] = {"step": name, "tick": tick, "attempt": this, "input": input_ref}
+                if step.effect:
                     started["key"] = key
                 self.journal.commit(run, [(EventKind.STEP_STARTED, started)])
-            ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=attempt, tick=tick,
-                              clock=self.clock, failure=failure, idempotency_key=key, tools=self.tools,
-                              durable=lambda: DurableExecution(self.journal, run, name, tick, signals=self.store.signals,
-                                                               clock=self.clock, replay=self.replay,
-                                                               check_lease=lambda: self.check_lease(run)))
+            ctx = StepContext(
+                run_id=run.run_id, workflow=wf.name, step=name, attempt=this, tick=tick, clock=self.clock,
+                failure=failure, idempotency_key=key, tools=self.tools,
+                on_key=self._key_issuer(run, name, tick, this) if step.effect else None,
+                durable=lambda: DurableExecution(self.journal, run, name, tick, signals=self.store.signals,
+                                                 clock=self.clock, replay=self.replay, attempt=this,
+                                                 guard=lambda: self._guard(run, ctx), compensable=compensable))
             holder[:] = [ctx]
+            # A fresh copy each attempt: what an earlier attempt did to its copy is gone with it.
+            view = wf.view(copy_json(run.folded.state))
             try:
                 if step.breaker is None:
                     return await self.call(step, ctx, view, offload)
@@ -132,6 +144,8 @@ class StepRunner:
                 "error": error_record(exc) if exc else {"type": "unknown", "message": ""},
                 "retry_in": round(delay, 6), "retry_at": round(self.clock() + delay, 6), "final": False,
             }
+            if step.journals_start and isinstance(exc, StepTimeoutError):
+                data["in_doubt"] = True
             _add_records(data, holder)
             self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
 
@@ -139,14 +153,16 @@ class StepRunner:
         try:
             result = await attempts(attempt_once, step.retry, prior=prior, rng=self.rng, sleep=self.sleep,
                                     on_retry=journal_retry)
+        except _Settled:
+            return  # the in-doubt attempt was found done: its completion is journaled
         except Suspend as suspend:
             # The step waits for a signal or a timer: journal that (the run becomes waiting).
             # Journaled on every suspension (also when a woken step waits again), so the journal alone
             # says the run is waiting (invariant 2); the timeout or wake-up time is kept from the first.
             self.journal.commit(run, [(suspend.kind, dict(suspend.data))])
             raise
-        except (StoreError, asyncio.CancelledError):
-            raise  # the journal is unreachable or the lease is gone: stop, do not record a failure
+        except (StoreError, asyncio.CancelledError, GaveUp):
+            raise  # the journal is unreachable or the lease is gone (or the step gave up already)
         except Exception as exc:
             self.fail(run, name, attempt, exc, records=holder)
             return
@@ -194,17 +210,20 @@ class StepRunner:
             return {"reads": {k: state.get(k) for k in step.reads}}
         return {"state_at": run.folded.state_seq}
 
-    async def reconcile(self, run: ActiveRun, name: str, view: Any, key: str | None) -> bool:
-        """Settle an effect left in doubt by a crash. True when it was found done (and journaled).
+    async def reconcile(self, run: ActiveRun, name: str, key: str | None) -> bool:
+        """Settle an effect left in doubt (a crash, a timeout). True when it was settled (found done
+        and journaled, or failed as in doubt); False when it is to be sent again with the same key.
 
         With a check hook, ask it: it returns the step's update if the effect happened, None if not
-        (then the step is re-sent with the same key). Without one, a step that declares its key
-        honoured (``resend=True``, the default) is re-sent with the same key; ``resend=False``
-        fails the step with ``InDoubtError``.
+        (then the step is re-sent with the same key). Without one: ``resend=True`` re-sends,
+        ``resend=False`` fails the step with ``InDoubtError``, and the default re-sends only if the
+        attempt's idempotency key had left the process (read, or sent by ``ctx.http``): a call made
+        without it could not be recognised by the other side, so re-sending could do it twice.
         """
         wf = run.workflow
         step = wf.steps[name]
         folded = run.folded
+        view = wf.view(copy_json(folded.state))
         check = resolve_check(step, self.compensations)
         if check is not None:
             ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=folded.failures.get(name, 0) + 1,
@@ -233,12 +252,21 @@ class StepRunner:
                 data["join"] = joins
             self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
             return True
+        if step.resend is True:
+            return False
         if step.resend is False:
             self.fail(run, name, folded.failures.get(name, 0) + 1, InDoubtError(
                 f"effect step {name!r} (key {key!r}) may or may not have happened: it has no check hook and "
                 "resend=False, so it is not sent again"))
             return True
-        return False
+        if folded.in_flight.get(name, {}).get("key_issued"):
+            return False  # its key went out with the call: the other side recognises a re-send
+        self.fail(run, name, folded.failures.get(name, 0) + 1, InDoubtError(
+            f"effect step {name!r} may or may not have happened, and its idempotency key {key!r} never left the "
+            "process (ctx.idempotency_key was not read, ctx.http not used), so a re-send could do it twice. Give "
+            "the step a check= hook that looks the effect up, or resend=True if its call is idempotent by other "
+            "means"))
+        return True
 
     @staticmethod
     def route(run: ActiveRun, name: str, update: dict[str, Any]) -> list[str]:
@@ -270,6 +298,8 @@ class StepRunner:
         error = error_record(exc)
         data: dict[str, Any] = {"step": name, "tick": run.folded.tick, "attempt": max(attempt, 1), "error": error,
                                 "retry_in": None, "final": True}
+        if step.journals_start and isinstance(exc, StepTimeoutError):
+            data["in_doubt"] = True
         if records:
             _add_records(data, records)
         if step.on_failure:
@@ -277,6 +307,25 @@ class StepRunner:
             self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
             return
         raise GaveUp(name, error, data)
+
+    def _guard(self, run: ActiveRun, ctx: StepContext) -> None:
+        """Asked before a durable call leaves the process and before it is journaled."""
+        ctx.guard()
+        self.check_lease(run)
+
+    def _key_issuer(self, run: ActiveRun, name: str, tick: int, attempt: int) -> Callable[[], None]:
+        """Journals ``KeyIssued`` once for the attempt, before its key first leaves the process."""
+        issued = threading.Event()
+
+        def issue() -> None:
+            if issued.is_set():
+                return
+            with run.lock:
+                if not issued.is_set():
+                    self.journal.commit(run, [(EventKind.KEY_ISSUED, {"step": name, "tick": tick, "attempt": attempt})])
+                    issued.set()
+
+        return issue
 
     def check_lease(self, run: ActiveRun) -> None:
         """Before a call leaves the process: is this process still the run's owner? A process whose
@@ -290,19 +339,54 @@ class StepRunner:
     @staticmethod
     async def call(step: Any, ctx: StepContext, view: Any, offload: bool) -> Any:
         """Call the step function: async on the loop; sync inline, or on a thread when running in
-        parallel or under a timeout (a thread cannot be stopped: a timed-out sync step is abandoned,
-        its result ignored)."""
+        parallel or under a timeout.
+
+        A thread cannot be stopped. A sync step past its timeout is abandoned: it runs on a daemon
+        thread of its own (the caller is not held until it returns), and its context is revoked, so
+        nothing it does afterwards reaches the journal or leaves through ``ctx`` (durable calls,
+        ``ctx.http``); what it did before is in doubt, like after a crash (docs/guarantees.md)."""
         timeout = step.timeout
         if step.is_async:
             if timeout is None:
                 return await step.fn(ctx, view)
-            return await with_timeout(step.fn(ctx, view), timeout, step.name)
+            return await with_timeout(step.fn(ctx, view), timeout, step.name, on_timeout=ctx.revoke)
         if timeout is None and not offload:
             return step.fn(ctx, view)
-        job = asyncio.to_thread(step.fn, ctx, view)
         if timeout is None:
-            return await job
-        return await with_timeout(job, timeout, step.name)
+            return await asyncio.to_thread(step.fn, ctx, view)
+        return await with_timeout(_on_daemon_thread(step.fn, ctx, view, name=step.name), timeout, step.name,
+                                  on_timeout=ctx.revoke)
+
+
+def _on_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Awaitable[Any]:
+    """``fn(*args)`` on a daemon thread of its own; unlike the loop's default executor, a thread that
+    never returns does not keep ``asyncio.run`` (and so ``orc.run``) from returning."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            (future.set_result if ok else future.set_exception)(value)
+
+    def target() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as exc:  # handed to the awaiting task, whatever it is
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:
+            pass  # the loop is gone: the step was abandoned and nobody waits for its outcome
+
+    threading.Thread(target=target, name=f"agentsaga-step-{name}", daemon=True).start()
+    return future
+
+
+def _has_compensation(step: Any, compensations: Compensations | None) -> bool:
+    try:
+        return resolve_compensation(step, compensations) is not None
+    except Exception:  # a registry name that does not resolve: reported when the step completes
+        return False
 
 
 def copy_json(value: Any) -> Any:

@@ -118,7 +118,7 @@ class _Base:
                  breaker: BreakerHooks | None = None, breaker_name: str | None = None,
                  redactor: Redactor | None = None, max_body: int = 8192,
                  attempt: Callable[[], int] | None = None, clock: Callable[[], float] = time.time,
-                 durable: Any = None) -> None:
+                 durable: Any = None, before_send: Callable[[], None] | None = None) -> None:
         if breaker is not None and not (isinstance(breaker, tuple) and len(breaker) == 2
                                         and all(callable(f) for f in breaker)):
             raise TypeError(f"breaker must be a (before(name), after(name, ok)) pair of callables, got {breaker!r}")
@@ -133,6 +133,7 @@ class _Base:
         self._attempt = attempt
         self._clock = clock
         self._durable = durable
+        self._before_send = before_send  # raises to stop a request from leaving (an abandoned attempt)
         self._sends: dict[str, int] = {}  # sends per idempotency key: the attempt number by default
         self._lock = threading.Lock()
 
@@ -300,6 +301,8 @@ class HttpTool(HttpVerbs, _Base):
                 self._emit(self._record(request, name, key, attempt, started, None, exc, sent=False))
                 raise
         response: httpx.Response | None = None
+        if self._before_send is not None:
+            self._before_send()
         try:
             response = self.client.send(request, **send)
         except httpx.HTTPError as exc:
@@ -371,6 +374,8 @@ class AsyncHttpTool(HttpVerbs, _Base):
                 await self._emit(self._record(request, name, key, attempt, started, None, exc, sent=False))
                 raise
         response: httpx.Response | None = None
+        if self._before_send is not None:
+            self._before_send()
         try:
             response = await self.client.send(request, **send)
         except httpx.HTTPError as exc:

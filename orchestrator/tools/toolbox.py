@@ -9,8 +9,12 @@ outcome. ``ctx.http`` is an ``HttpTool`` bound to the attempt: its idempotency k
 and, inside a step, its durable calls (a re-run step reuses journaled responses); that
 ``HttpTool`` is the one layer between ``ctx.http`` and httpx.
 
-An effect step's requests carry its idempotency key: the first request sends
-``ctx.idempotency_key`` itself, the n-th (n >= 1) sends ``f"{key}:{n}"``.
+Every request carries the step's idempotency key, as a stable function of its position: request
+``i`` of a step execution (``i`` counts every durable call of the execution: model calls, tool
+calls, HTTP requests) sends ``ctx.idempotency_key`` for ``i == 0`` and ``f"{key}:{i}"`` after, the
+same on every retry and recovery, whichever earlier requests were answered from the journal.
+Outside a durable execution (a compensation, an effect tool's own requests) requests are numbered
+in the order they are sent. An explicit ``Idempotency-Key`` header wins.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from compensations import BreakerConfig, BreakerRegistry, default_breakers
+from orchestrator.engine.durable import CALL_INDEX
 from orchestrator.engine.services import DurableCalls
 from orchestrator.errors import PermanentToolError
 from orchestrator.payload.redact import Redactor
@@ -63,8 +68,10 @@ class ToolBox:
         if self.call_limits is not None:
             self.call_limits.close()
 
-    def for_step(self, *, key: str | None, attempt: int, durable: DurableCalls | None) -> StepTools:
-        return StepTools(self, key=key, attempt=attempt, durable=durable)
+    def for_step(self, *, key: str | None, attempt: int, durable: DurableCalls | None,
+                 on_key: Callable[[], None] | None = None,
+                 before_send: Callable[[], None] | None = None) -> StepTools:
+        return StepTools(self, key=key, attempt=attempt, durable=durable, on_key=on_key, before_send=before_send)
 
     def breaker_config(self, breaker: str | BreakerConfig) -> BreakerConfig:
         return self.breaker_settings.config_for(breaker) if isinstance(breaker, str) else breaker
@@ -73,11 +80,16 @@ class ToolBox:
 class StepTools:
     """The tools of one step attempt, and what they recorded (see the module docstring)."""
 
-    def __init__(self, box: ToolBox, *, key: str | None, attempt: int, durable: DurableCalls | None) -> None:
+    def __init__(self, box: ToolBox, *, key: str | None, attempt: int, durable: DurableCalls | None,
+                 on_key: Callable[[], None] | None = None, before_send: Callable[[], None] | None = None) -> None:
         self.box = box
         self.key = key
         self.attempt = attempt
         self.durable = durable
+        #: told before the key first leaves the process (an effect journals it)
+        self.on_key = on_key
+        #: asked before each request is sent (raises for an abandoned attempt)
+        self.before_send = before_send
         self.calls: list[dict[str, Any]] = []
         self.transitions: list[dict[str, Any]] = []
         self._made = 0
@@ -87,7 +99,8 @@ class StepTools:
     def with_key(self, key: str) -> StepTools:
         """Tools of the same attempt sending another idempotency key (an effect tool of the tool loop,
         itself a durable call: its requests are plain calls), recorded apart for the caller to merge."""
-        return StepTools(self.box, key=key, attempt=self.attempt, durable=None)
+        return StepTools(self.box, key=key, attempt=self.attempt, durable=None, on_key=self.on_key,
+                         before_send=self.before_send)
 
     @property
     def redactor(self) -> Redactor:
@@ -100,9 +113,13 @@ class StepTools:
     def _next_key(self) -> str | None:
         if self.key is None:
             return None
-        n = self._made
-        self._made += 1
-        return self.key if n == 0 else f"{self.key}:{n}"
+        position = CALL_INDEX.get() if self.durable is not None else None
+        if position is None:
+            position = self._made
+            self._made += 1
+        if self.on_key is not None:
+            self.on_key()
+        return self.key if position == 0 else f"{self.key}:{position}"
 
     def _options(self, is_async: bool) -> dict[str, Any]:
         box = self.box
@@ -118,6 +135,7 @@ class StepTools:
             "attempt": lambda: self.attempt,
             "clock": box.clock,
             "durable": self.durable,
+            "before_send": self.before_send,
         }
 
     @property

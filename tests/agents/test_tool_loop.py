@@ -197,3 +197,64 @@ def test_the_async_loop_with_async_tools(db_url, chat):
     assert result.status == "completed" and result.state["answer"] == "It is a durable workflow engine."
     assert tool_messages(chat.requests[1])[0]["content"] == "agentsaga: a durable workflow engine"
     assert [c["kind"] for c in journal] == ["llm", "tool", "llm"]
+
+
+def _booking_tools():
+    tools = ToolRegistry()
+
+    def cancel(tctx: ToolContext, record: dict) -> None:
+        tctx.http.delete(f"{record['arguments']['api']}/hotels/{record['result']['id']}")
+
+    @tools.tool(effect=True, compensate=cancel)
+    def book(tctx: ToolContext, api: str, venue: str) -> dict:
+        """Book a venue."""
+        return tctx.http.post(f"{api}/hotels", json={"venue": venue}).json()
+
+    return tools
+
+
+def test_bookings_made_by_a_loop_that_then_fails_are_compensated_newest_first(db_url, chat):
+    # Given a tool loop that books twice and then runs out of iterations (its step fails for good)
+    tools = _booking_tools()
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY)
+    wf = Workflow("loop-fails")
+
+    @wf.step(start=True, effect=True, compensate=tools.compensate)
+    def reserve(ctx, state):
+        out = run_tool_loop(ctx, llm, "book two", tools, max_iterations=2)
+        return out.update(answer=out.content)
+
+    wf.edge("reserve", END)
+    with BookingService() as service:
+        chat.script([tool_call("book", {"api": service.url, "venue": "A"}),
+                     tool_call("book", {"api": service.url, "venue": "B"})])
+        # When the run is driven
+        with Orchestrator(db_url, workflows=[wf]) as orc:
+            result = orc.run(wf, {}, run_id="lf")
+        ledger = service.ledger()
+    # Then the step failed, and both bookings its tools made were cancelled, newest first
+    assert result.status == "compensated", result.error
+    assert [e["id"] for e in ledger if e["action"] == "cancel"] == ["hotel-2", "hotel-1"]
+
+
+def test_bookings_made_by_a_loop_whose_step_has_no_compensation_are_listed_as_not_undone(db_url, chat):
+    # Given the same loop in a step with no compensation
+    tools = _booking_tools()
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY)
+    wf = Workflow("loop-fails-bare")
+
+    @wf.step(start=True)
+    def reserve(ctx, state):
+        out = run_tool_loop(ctx, llm, "book two", tools, max_iterations=2)
+        return {"answer": out.content}
+
+    wf.edge("reserve", END)
+    with BookingService() as service:
+        chat.script([tool_call("book", {"api": service.url, "venue": "A"}),
+                     tool_call("book", {"api": service.url, "venue": "B"})])
+        with Orchestrator(db_url, workflows=[wf]) as orc:
+            result = orc.run(wf, {}, run_id="lb")
+    # Then the run failed and says which bookings were NOT undone (never silently)
+    assert result.status == "failed"
+    assert "NOT undone" in result.error and "lb:reserve:0:tools:0.0" in result.error
+    assert "lb:reserve:0:tools:1.0" in result.error

@@ -59,7 +59,7 @@ def test_a_completed_call_is_not_performed_again_when_the_step_reruns(db_url):
     assert call["response"]["tokens"] == 42 and call["index"] == 0 and call["step"] == "think"
 
 
-def test_a_changed_request_is_performed_anew(db_url):
+def test_a_changed_request_is_performed_anew_when_the_step_opts_in(db_url):
     paid: list = []
     with Orchestrator(db_url, workflows=[paid_call_workflow(paid, stop_after_call=True)]) as orc:
         with pytest.raises(Stop):
@@ -70,7 +70,7 @@ def test_a_changed_request_is_performed_anew(db_url):
     @changed.step(name="think", start=True)
     def think(ctx, state):
         return {"reply": ctx.durable_call("llm", {"model": "m", "prompt": "other"},
-                                          lambda: paid.append(1) or {"text": "new"})["text"]}
+                                          lambda: paid.append(1) or {"text": "new"}, if_changed="perform")["text"]}
 
     changed.edge("think", END)
     with Orchestrator(db_url, workflows=[changed]) as orc:
