@@ -1,14 +1,17 @@
 """Workflows the scale tests enqueue and their worker processes import (as ``tests/scale/flows.py:NAME``).
 
-Inputs carry what a test varies: ``api`` (the booking service's URL) and ``pause`` (seconds each
-step sleeps, so that kills and stops land in the middle of runs).
+Inputs carry what a test varies: ``api`` (the booking service's URL), ``pause`` (seconds each
+step sleeps, so that kills and stops land in the middle of runs) and ``gate`` (a file whose
+creation lets a ``gated`` run past its first step).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 from workflows import END, Retry, Workflow, reducers
 
@@ -130,3 +133,28 @@ def second(ctx, state):
 
 lingering.edge("first", "second")
 lingering.edge("second", END)
+
+# -- gated: a first step that waits for a file the test creates ------------------------------------------
+# Tests that need runs to be *inside* a step at some moment (to see two workers each holding runs, or
+# to stop a worker while its runs are mid-step) hold them there on a gate instead of a sleep: a sleep
+# only bets that the machine is fast enough, a gate makes the moment certain. The wait is an await,
+# so a worker that hands its runs back at shutdown cancels it (a sync step could not be interrupted).
+gated = Workflow("gated")
+
+
+@gated.step(name="first", start=True)
+async def _gated_first(ctx, state):
+    gate = Path(state["gate"])
+    gate.with_name(f"{gate.name}.inside.{ctx.run_id}").touch()  # the test sees the step has begun
+    while not gate.exists():
+        await asyncio.sleep(0.01)
+    return {"first": True}
+
+
+@gated.step(name="second")
+def _gated_second(ctx, state):
+    return {"second": True}
+
+
+gated.edge("first", "second")
+gated.edge("second", END)
