@@ -39,6 +39,24 @@ def wait_for(predicate: Callable[[], object], *, timeout: float, what: str, ever
         time.sleep(every)
 
 
+def stopped(proc: subprocess.Popen) -> bool:
+    """Whether every thread of ``proc`` has stopped. ``kill(SIGSTOP)`` returns before the target has
+    stopped; a test that must act only once a process is frozen waits for this (Linux ``/proc``;
+    elsewhere it cannot tell and says yes)."""
+    if not Path("/proc/self").exists():
+        return True  # no /proc (macOS): nothing to look at
+    tasks = Path(f"/proc/{proc.pid}/task")
+    if not tasks.is_dir():
+        return False  # gone: not "stopped", and the caller's wait reports it
+    states = []
+    for task in tasks.iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError, IndexError):  # a thread that just ended
+            continue
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 class Service:
     """examples/booking_service.py as a process of its own, its ledger in a file."""
 

@@ -15,12 +15,21 @@ from pathlib import Path
 
 from workflows import END, Retry, Workflow, reducers
 
+
+def wait_for_gate(path: str) -> None:
+    """Block until the file ``path`` exists (the test creates it when it is ready for the step to end)."""
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
 # -- mixed: a plain step, two parallel branches (one an effect), a join, a final effect -------------
 mixed = Workflow("mixed", reducers={"log": reducers.append})
 
 
 @mixed.step(start=True)
 def plan(ctx, state):
+    if "gate" in state:
+        wait_for_gate(state["gate"])
     time.sleep(state.get("pause", 0))
     return {"log": "plan"}
 
@@ -49,14 +58,14 @@ mixed.edge("plan", "notes")
 mixed.edge(["flight", "notes"], "hotel")
 mixed.edge("hotel", END)
 
-# -- slow: one effect that takes its time after the request left (SIGSTOP lands inside it) -----------
+# -- slow: one effect that, after its request was answered, waits for a gate (SIGSTOP lands inside it) --
 slow = Workflow("slow")
 
 
 @slow.step(start=True, effect=True)
 def book(ctx, state):
     r = ctx.http.post(f"{state['api']}/flights", json={"to": "Oslo"})
-    time.sleep(state.get("pause", 0))
+    wait_for_gate(state["gate"])
     return {"flight": r.json()["id"]}
 
 
@@ -68,6 +77,8 @@ fanout = Workflow("fanout", reducers={"ids": reducers.append})
 
 @fanout.step(start=True)
 def start(ctx, state):
+    if "gate" in state:
+        wait_for_gate(state["gate"])
     return {}
 
 
