@@ -1,8 +1,8 @@
 """Workflows the scale tests enqueue and their worker processes import (as ``tests/scale/flows.py:NAME``).
 
 Inputs carry what a test varies: ``api`` (the booking service's URL), ``pause`` (seconds each
-step sleeps, so that kills and stops land in the middle of runs) and ``gate`` (a file whose
-creation lets a ``gated`` run past its first step).
+step sleeps) and ``gate`` (a file path: a step given one waits until the test creates the file,
+so that the test, not the machine's speed, decides when the step ends; see ``gated`` below).
 """
 
 from __future__ import annotations
