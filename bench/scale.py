@@ -58,6 +58,18 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def stopped(pid: int) -> bool:
+    """Every thread of ``pid`` has stopped (SIGSTOP takes effect after kill() returns)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as fh:
+                states.append(fh.read().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            continue
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 def postgres_cpu() -> float:
     """CPU seconds of every process named postgres (the server and its backends), dead ones excluded."""
     total = 0.0
@@ -142,7 +154,7 @@ def throughput(base: str, schemas: PgSchemas, k: int, cfg: dict, log_dir: str) -
             procs = [workers.start(url, TEN, "--concurrency", str(cfg["concurrency"]), "--log-level", "INFO")
                      for _ in range(k)]
             for (proc, log) in workers.procs:
-                wait_until(lambda: " ready: " in open(log).read() or proc.poll() is not None, 60, "a worker")
+                wait_until(lambda: " ready: " in open(log).read() or proc.poll() is not None, 120, "a worker")
             time.sleep(0.5)  # LISTEN connections up
             cpu0, pg0 = sum(cpu_seconds(p.pid) for p in procs), postgres_cpu()
             released = time.time()
@@ -174,13 +186,13 @@ def claim_latency(base: str, schemas: PgSchemas, cfg: dict, log_dir: str) -> dic
     proc = workers.start(url, TEN, "--concurrency", "4", "--log-level", "INFO")
     log = workers.procs[-1][1]
     try:
-        wait_until(lambda: " ready: " in open(log).read() or proc.poll() is not None, 30, "the worker")
+        wait_until(lambda: " ready: " in open(log).read() or proc.poll() is not None, 120, "the worker")
         time.sleep(0.5)  # let its LISTEN connection settle
         lat = []
         with Orchestrator(url, workflows=[ten]) as orc:
             for _ in range(cfg["latency_runs"]):
                 run_id = orc.enqueue(ten, {})
-                wait_until(lambda: orc.get_run(run_id).status == "completed", 30, "a run")
+                wait_until(lambda: orc.get_run(run_id).status == "completed", 120, "a run")
                 created = orc.get_run(run_id).created_at
                 resumed = next(e["at"] for e in orc.history(run_id) if e["kind"] == "Resumed")
                 lat.append((resumed - created) * 1000)
@@ -205,18 +217,30 @@ def recovery(base: str, schemas: PgSchemas, cfg: dict, log_dir: str) -> dict:
     args = ("--concurrency", str(cfg["recovery_runs"]), "--lease-ttl", str(lease), "--log-level", "INFO")
     try:
         with Orchestrator(url, workflows=[sleepy]) as orc:
-            a = workers.start(url, SLEEPY, *args)
-            ids = [orc.enqueue(sleepy, {}) for _ in range(cfg["recovery_runs"])]
-            wait_until(lambda: all(orc.get_run(r).lease_owner for r in ids), 30, "A to claim every run")
+            # B starts first and is frozen once ready, so A alone claims the runs; B starting after
+            # A had claimed them raced A's runs (on a loaded machine A could finish them all before
+            # B was ready, leaving nothing to recover)
             b = workers.start(url, SLEEPY, *args)
             log_b = workers.procs[-1][1]
-            wait_until(lambda: " ready: " in open(log_b).read() or b.poll() is not None, 30, "worker B")
-            time.sleep(0.3)  # A is a few steps into each run
+            wait_until(lambda: " ready: " in open(log_b).read() or b.poll() is not None, 120, "worker B")
+            b.send_signal(signal.SIGSTOP)
+            wait_until(lambda: stopped(b.pid), 120, "worker B to stop")
+            a = workers.start(url, SLEEPY, *args)
+            ids = [orc.enqueue(sleepy, {}) for _ in range(cfg["recovery_runs"])]
+            wait_until(lambda: all(orc.get_run(r).lease_owner for r in ids), 120, "A to claim every run")
+            wait_until(lambda: all(any(e["kind"] == "StepCompleted" for e in orc.history(r)) for r in ids), 120,
+                       "A to be a few steps into each run")
+            b.send_signal(signal.SIGCONT)
             a.send_signal(signal.SIGKILL)
             killed = time.time()
             a.wait()
-            wait_until(lambda: all(orc.get_run(r).status == "completed" for r in ids), 120, "B to finish the runs")
-            delays = [next(e["at"] for e in orc.history(r) if e["at"] > killed) - killed for r in ids]
+            wait_until(lambda: all(orc.get_run(r).status == "completed" for r in ids), 300, "B to finish the runs")
+            # Each run A left unfinished has a next event (B's Resumed); one A finished just before
+            # the kill has none, and is not a recovery to time
+            after = [[e["at"] for e in orc.history(r) if e["at"] > killed] for r in ids]
+            delays = [events[0] - killed for events in after if events]
+            if not delays:
+                raise RuntimeError("A had finished every run when it was killed: no recovery to time")
     finally:
         workers.stop()
         schemas.drop(schema)
@@ -234,7 +258,7 @@ def idle_cpu(base: str, schemas: PgSchemas, cfg: dict, log_dir: str) -> dict:
     proc = workers.start(url, TEN, "--concurrency", "8", "--log-level", "INFO")
     log = workers.procs[-1][1]
     try:
-        wait_until(lambda: " ready: " in open(log).read() or proc.poll() is not None, 30, "the worker")
+        wait_until(lambda: " ready: " in open(log).read() or proc.poll() is not None, 120, "the worker")
         time.sleep(1.0)
         before = cpu_seconds(proc.pid)
         time.sleep(cfg["idle_s"])

@@ -12,7 +12,6 @@ import threading
 
 import pytest
 
-from orchestrator import InDoubtError, Orchestrator, RunStateError
 from orchestrator.engine import EventKind
 from store import StoreUnavailableError
 from workflows import END, Retry, Workflow

@@ -7,7 +7,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from email.utils import format_datetime
 from datetime import datetime, timezone
@@ -24,13 +23,16 @@ from orchestrator.payload import Redactor
 from orchestrator import CircuitOpenError, PermanentToolError, RetryableToolError
 from store import open_store
 
+HANG = 120.0  # seconds: bounds a hang, never a measure of speed
+
 
 @dataclass
 class Reply:
     status: int = 200
     body: bytes | str | dict = b""
     headers: dict[str, str] = field(default_factory=dict)
-    delay: float = 0.0
+    #: the reply waits until this is set (a test releases it once it has seen what it waits for)
+    hold: threading.Event | None = None
 
 
 class ScriptedServer:
@@ -54,7 +56,8 @@ class ScriptedServer:
                 else:
                     script = outer.scripts.get(parts.path, [Reply(404, "no such path")])
                     reply = script.pop(0) if len(script) > 1 else script[0]
-                time.sleep(reply.delay)
+                if reply.hold is not None:
+                    reply.hold.wait(HANG)
                 payload = reply.body
                 if isinstance(payload, dict):
                     payload = json.dumps(payload)
@@ -209,13 +212,20 @@ def test_connection_refused_is_retryable(journal):
 
 
 def test_a_timeout_is_retryable(server, journal):
-    url = server.script("/slow", Reply(200, "late", delay=1.0))
-    client = httpx.Client(timeout=0.2)
+    # Given a server that answers only when the test lets it (after the client gave up), so the
+    # answer cannot beat the read timeout however slowly the client runs; only the read timeout is
+    # short, connecting may take as long as a loaded machine needs
+    release = threading.Event()
+    url = server.script("/slow", Reply(200, "late", hold=release))
+    client = httpx.Client(timeout=httpx.Timeout(HANG, read=0.2))
     tool = make_tool(journal, client=client)
-    with pytest.raises(RetryableToolError, match=r"no response within 0.2s") as info:
-        tool.get(url)
+    try:
+        with pytest.raises(RetryableToolError, match=r"no response within 0.2s") as info:
+            tool.get(url)
+    finally:
+        release.set()
+        client.close()
     assert_no_httpx(info.value)
-    client.close()
 
 
 def test_an_invalid_url_is_permanent_and_never_reaches_the_breaker(journal):

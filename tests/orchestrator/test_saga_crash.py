@@ -36,7 +36,7 @@ def service(tmp_path):
     assert url.startswith("http://127.0.0.1:"), url
     yield url, ledger
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=10)
+    proc.wait(timeout=120)
 
 
 def entries(ledger: Path) -> list[dict]:

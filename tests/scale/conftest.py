@@ -18,6 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = "tests/scale/flows.py"
+#: How long a test waits for something that must happen before calling it a hang. Only a bound for
+#: a hang, never a measure of speed: a loaded machine (CI, two cores shared with other test runs) may
+#: take many times longer than an idle one, and a test must not fail for that.
+HANG = 120.0
 
 
 def target(name: str) -> str:
@@ -33,6 +37,24 @@ def wait_for(predicate: Callable[[], object], *, timeout: float, what: str, ever
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(every)
+
+
+def stopped(proc: subprocess.Popen) -> bool:
+    """Whether every thread of ``proc`` has stopped. ``kill(SIGSTOP)`` returns before the target has
+    stopped; a test that must act only once a process is frozen waits for this (Linux ``/proc``;
+    elsewhere it cannot tell and says yes)."""
+    if not Path("/proc/self").exists():
+        return True  # no /proc (macOS): nothing to look at
+    tasks = Path(f"/proc/{proc.pid}/task")
+    if not tasks.is_dir():
+        return False  # gone: not "stopped", and the caller's wait reports it
+    states = []
+    for task in tasks.iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError, IndexError):  # a thread that just ended
+            continue
+    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 class Service:
@@ -54,11 +76,11 @@ class Service:
     def stats(self) -> dict:
         import httpx
 
-        return httpx.get(f"{self.url}/stats", timeout=5).json()
+        return httpx.get(f"{self.url}/stats", timeout=HANG).json()
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=HANG)
 
 
 @pytest.fixture
@@ -90,7 +112,7 @@ class WorkerProcs:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"))
         self.procs.append((proc, log))
         if ready:
-            wait_for(lambda: " ready: " in log.read_text() or proc.poll() is not None, timeout=30,
+            wait_for(lambda: " ready: " in log.read_text() or proc.poll() is not None, timeout=HANG,
                      what=f"worker {len(self.procs) - 1} to start")
             assert proc.poll() is None, log.read_text()[-3000:]
         return proc, log
@@ -107,7 +129,7 @@ class WorkerProcs:
                 except ProcessLookupError:
                     pass
         for proc, _ in self.procs:
-            proc.wait(timeout=10)
+            proc.wait(timeout=HANG)
 
 
 @pytest.fixture
@@ -134,7 +156,7 @@ class ThreadWorker:
 
     def stop(self) -> None:
         self.worker.stop()
-        self.thread.join(timeout=30)
+        self.thread.join(timeout=HANG)
         assert not self.thread.is_alive(), "the worker did not stop"
 
 

@@ -1,16 +1,26 @@
 """Workflows the scale tests enqueue and their worker processes import (as ``tests/scale/flows.py:NAME``).
 
-Inputs carry what a test varies: ``api`` (the booking service's URL) and ``pause`` (seconds each
-step sleeps, so that kills and stops land in the middle of runs).
+Inputs carry what a test varies: ``api`` (the booking service's URL), ``pause`` (seconds each
+step sleeps) and ``gate`` (a file path: a step given one waits until the test creates the file,
+so that the test, not the machine's speed, decides when the step ends; see ``gated`` below).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 from workflows import END, Retry, Workflow, reducers
+
+
+def wait_for_gate(path: str) -> None:
+    """Block until the file ``path`` exists (the test creates it when it is ready for the step to end)."""
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
 
 # -- mixed: a plain step, two parallel branches (one an effect), a join, a final effect -------------
 mixed = Workflow("mixed", reducers={"log": reducers.append})
@@ -18,6 +28,8 @@ mixed = Workflow("mixed", reducers={"log": reducers.append})
 
 @mixed.step(start=True)
 def plan(ctx, state):
+    if "gate" in state:
+        wait_for_gate(state["gate"])
     time.sleep(state.get("pause", 0))
     return {"log": "plan"}
 
@@ -46,14 +58,14 @@ mixed.edge("plan", "notes")
 mixed.edge(["flight", "notes"], "hotel")
 mixed.edge("hotel", END)
 
-# -- slow: one effect that takes its time after the request left (SIGSTOP lands inside it) -----------
+# -- slow: one effect that, after its request was answered, waits for a gate (SIGSTOP lands inside it) --
 slow = Workflow("slow")
 
 
 @slow.step(start=True, effect=True)
 def book(ctx, state):
     r = ctx.http.post(f"{state['api']}/flights", json={"to": "Oslo"})
-    time.sleep(state.get("pause", 0))
+    wait_for_gate(state["gate"])
     return {"flight": r.json()["id"]}
 
 
@@ -65,6 +77,8 @@ fanout = Workflow("fanout", reducers={"ids": reducers.append})
 
 @fanout.step(start=True)
 def start(ctx, state):
+    if "gate" in state:
+        wait_for_gate(state["gate"])
     return {}
 
 
@@ -130,3 +144,28 @@ def second(ctx, state):
 
 lingering.edge("first", "second")
 lingering.edge("second", END)
+
+# -- gated: a first step that waits for a file the test creates ------------------------------------------
+# Tests that need runs to be *inside* a step at some moment (to see two workers each holding runs, or
+# to stop a worker while its runs are mid-step) hold them there on a gate instead of a sleep: a sleep
+# only bets that the machine is fast enough, a gate makes the moment certain. The wait is an await,
+# so a worker that hands its runs back at shutdown cancels it (a sync step could not be interrupted).
+gated = Workflow("gated")
+
+
+@gated.step(name="first", start=True)
+async def _gated_first(ctx, state):
+    gate = Path(state["gate"])
+    gate.with_name(f"{gate.name}.inside.{ctx.run_id}").touch()  # the test sees the step has begun
+    while not gate.exists():
+        await asyncio.sleep(0.01)
+    return {"first": True}
+
+
+@gated.step(name="second")
+def _gated_second(ctx, state):
+    return {"second": True}
+
+
+gated.edge("first", "second")
+gated.edge("second", END)

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 def test_scale_quick_prints_the_required_json(pg_base_url):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--quick"], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env={**os.environ, "AGENTSAGA_TEST_PG": pg_base_url})
+                          text=True, timeout=900, cwd=ROOT, env={**os.environ, "AGENTSAGA_TEST_PG": pg_base_url})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["errors"] == {}, out["errors"]

@@ -10,7 +10,7 @@ from orchestrator.scale import Worker
 from orchestrator.cli import main
 from store import NewEvent
 
-from .conftest import wait_for
+from .conftest import HANG, wait_for
 from .test_queues import counter
 
 
@@ -39,7 +39,7 @@ def test_a_run_that_fails_every_recovery_goes_dead_and_can_be_retried(db_url, th
         # When a worker that allows one failed recovery meets it
         tw = thread_worker(Worker(db_url, [wf], concurrency=2, max_failures=1))
         # Then the first failure is recorded and retried after a backoff, the second makes it dead
-        wait_for(lambda: orc.get_run(broken).status == "dead", timeout=30, what="the run to go dead")
+        wait_for(lambda: orc.get_run(broken).status == "dead", timeout=HANG, what="the run to go dead")
         tw.stop()
         rec = orc.get_run(broken)
         assert rec.lease_owner is None
@@ -84,7 +84,7 @@ def test_a_run_whose_workers_keep_dying_goes_dead_on_the_next_claim(db_url, thre
         assert orc.get_run(run_id).recoveries == 3
         # When a worker allowing three failed recoveries claims it (its own takeover is the fourth)
         tw = thread_worker(Worker(Orchestrator(db_url, workflows=[wf], clock=clock), max_failures=3))
-        wait_for(lambda: orc.get_run(run_id).status == "dead", timeout=30, what="the run to go dead")
+        wait_for(lambda: orc.get_run(run_id).status == "dead", timeout=HANG, what="the run to go dead")
         tw.stop()
         tw.worker.orc.close()
         # Then it is dead, and says why, without having been driven
@@ -95,6 +95,6 @@ def test_a_run_whose_workers_keep_dying_goes_dead_on_the_next_claim(db_url, thre
         # And after a retry its count starts over: the next worker drives it to the end
         assert orc.retry_dead(run_id) == "pending"
         tw = thread_worker(Worker(Orchestrator(db_url, workflows=[wf], clock=clock), max_failures=3))
-        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=30, what="the retried run")
+        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=HANG, what="the retried run")
         tw.stop()
         tw.worker.orc.close()

@@ -13,7 +13,7 @@ from orchestrator.scale import Worker
 from orchestrator.cli import main
 from store import NewEvent
 
-from .conftest import target, wait_for
+from .conftest import HANG, target, wait_for
 
 T0 = 1_800_000_000.0
 
@@ -118,7 +118,7 @@ def test_in_flight_calls_to_one_tool_never_exceed_its_limit(db_url, slow_service
         for n in range(4):
             orc.enqueue(fanout, {"api": slow_service.url, "n": n})
         tw = thread_worker(Worker(db_url, [fanout], concurrency=8, limits=Limits(tools={host: 2})))
-        wait_for(lambda: orc.store.count_by_status().get("completed") == 4, timeout=60, what="4 runs")
+        wait_for(lambda: orc.store.count_by_status().get("completed") == 4, timeout=HANG, what="4 runs")
         tw.stop()
     # Then the service saw all twelve calls, never more than two at once
     assert len([e for e in slow_service.ledger() if e["action"] == "book"]) == 12

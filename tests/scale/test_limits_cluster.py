@@ -8,7 +8,7 @@ import pytest
 from orchestrator import Orchestrator
 from orchestrator.engine.loader import load_target
 
-from .conftest import target, wait_for
+from .conftest import HANG, target, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -22,11 +22,13 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
     return best
 
 
-def test_queue_and_tool_limits_hold_across_workers(pg_url, slow_service, workers):
+def test_queue_and_tool_limits_hold_across_workers(pg_url, slow_service, workers, tmp_path):
     fanout = load_target(target("fanout"))
     host = slow_service.url.split("//", 1)[1]
+    gate = tmp_path / "gate"
     with Orchestrator(pg_url, workflows=[fanout]) as orc:
-        ids = [orc.enqueue(fanout, {"api": slow_service.url, "n": n}, queue="api") for n in range(12)]
+        ids = [orc.enqueue(fanout, {"api": slow_service.url, "n": n, "gate": str(gate)}, queue="api")
+               for n in range(12)]
         # When two workers with four slots each serve a queue limited to three runs in flight (two
         # per worker), whose runs call a tool limited to two calls in flight
         procs = workers(pg_url)
@@ -34,7 +36,12 @@ def test_queue_and_tool_limits_hold_across_workers(pg_url, slow_service, workers
             procs.start(target("fanout"), args=("--concurrency", "4", "--queue", "api", "--queue-concurrency",
                                                 "api=3", "--worker-concurrency", "api=2", "--tool-limit",
                                                 f"{host}=2", "--poll", "0.2"))
-        wait_for(lambda: orc.store.count_by_status() == {"completed": 12}, timeout=90,
+        # (the runs' first step waits on a gate until both workers hold runs: however much sooner
+        # the first worker started, it cannot have driven them all alone)
+        wait_for(lambda: len({orc.get_run(r).lease_owner for r in ids} - {None}) == 2, timeout=HANG,
+                 what=f"runs leased by both workers\n{procs.logs()}")
+        gate.touch()
+        wait_for(lambda: orc.store.count_by_status() == {"completed": 12}, timeout=HANG,
                  what=f"12 runs\n{procs.logs()}")
         # Then at no moment were more than three runs of the queue being driven...
         spans = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
@@ -11,7 +12,7 @@ from orchestrator.engine.loader import load_target
 from orchestrator.scale import Worker
 from workflows import END, Workflow
 
-from .conftest import journal_problems, target, wait_for
+from .conftest import HANG, journal_problems, target, wait_for
 
 
 def counter() -> Workflow:
@@ -72,7 +73,7 @@ def test_a_worker_drives_enqueued_runs_and_each_journal_has_one_writer_per_lease
         ids = [orc.enqueue(wf, {"n": i}) for i in range(12)]
         # When a worker with three slots runs
         tw = thread_worker(Worker(db_url, [wf], concurrency=3, lease_ttl=10))
-        wait_for(lambda: orc.store.count_by_status().get("completed") == 12, timeout=30, what="12 runs completed")
+        wait_for(lambda: orc.store.count_by_status().get("completed") == 12, timeout=HANG, what="12 runs completed")
         tw.stop()
         # Then every run completed once, each append under the lease of the Resumed before it
         for i, run_id in enumerate(ids):
@@ -92,12 +93,12 @@ def test_a_worker_serves_only_its_queues(db_url, thread_worker):
         theirs = [orc.enqueue(wf, {}, queue="theirs") for _ in range(2)]
         unqueued = orc.start(wf, {})
         tw = thread_worker(Worker(db_url, [wf], queues=["mine"], concurrency=2))
-        wait_for(lambda: all(orc.get_run(r).status == "completed" for r in mine), timeout=30, what="queue 'mine'")
+        wait_for(lambda: all(orc.get_run(r).status == "completed" for r in mine), timeout=HANG, what="queue 'mine'")
         tw.stop()
         assert {orc.get_run(r).status for r in theirs + [unqueued]} == {"pending"}
         # And a worker serving every queue takes the rest, runs with no queue included
         tw = thread_worker(Worker(db_url, [wf], concurrency=2))
-        wait_for(lambda: orc.store.count_by_status() == {"completed": 6}, timeout=30, what="all runs")
+        wait_for(lambda: orc.store.count_by_status() == {"completed": 6}, timeout=HANG, what="all runs")
         tw.stop()
 
 
@@ -113,7 +114,7 @@ def test_a_run_whose_workflow_cannot_be_imported_is_left_for_another_worker(db_u
         # When a worker without that code claims it
         with caplog.at_level(logging.ERROR, logger="agentsaga.worker"):
             tw = thread_worker(Worker(db_url, [counter()], concurrency=1, skip_for=60))
-            wait_for(lambda: tw.worker.counts["skipped"] >= 1, timeout=30, what="the worker to give the run up")
+            wait_for(lambda: tw.worker.counts["skipped"] >= 1, timeout=HANG, what="the worker to give the run up")
             tw.stop()
         # Then the run is neither failed nor held: it waits for a worker that has the code
         rec = orc.get_run(run_id)
@@ -122,7 +123,7 @@ def test_a_run_whose_workflow_cannot_be_imported_is_left_for_another_worker(db_u
         assert tw.worker.counts["skipped"] == 1  # and it did not spin on it
         # And a worker that has the workflow completes it
         tw = thread_worker(Worker(db_url, [wf], concurrency=1))
-        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=30, what="the other worker")
+        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=HANG, what="the other worker")
         tw.stop()
 
 
@@ -158,14 +159,60 @@ def test_a_worker_wakes_runs_on_their_timer_and_on_a_signal(db_url, thread_worke
     with Orchestrator(db_url, workflows=[wf]) as orc:
         run_id = orc.enqueue(wf, {})
         tw = thread_worker(Worker(db_url, [wf], concurrency=1, poll=30))
-        # When the timer is due the worker drives the run on, until it waits for a person
-        wait_for(lambda: orc.result(run_id).state.get("napped") and orc.get_run(run_id).status == "waiting",
-                 timeout=30, what="the run to wait for approval")
-        rec = orc.get_run(run_id)
-        assert rec.lease_owner is None
+        # When the timer is due the worker drives the run on, until it waits for a person, and
+        # gives its lease up (parking and releasing are two writes: the status shows first)
+        wait_for(lambda: orc.result(run_id).state.get("napped") and orc.get_run(run_id).status == "waiting"
+                 and orc.get_run(run_id).lease_owner is None, timeout=HANG, what="the run to wait for approval")
         # And a signal from anywhere wakes it (on Postgres through NOTIFY, on SQLite by polling)
         orc.signal(run_id, "approval", {"by": "ann"})
-        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=40, what="the approved run")
+        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=HANG, what="the approved run")
         tw.stop()
         assert orc.result(run_id).state["approved_by"] == "ann"
         assert journal_problems(orc.history(run_id)) == []
+
+
+def test_a_stopping_worker_hands_a_sync_step_back_at_its_next_boundary(db_url, thread_worker):
+    # Given two runs inside a sync step, which nothing can interrupt: it ends when the test says
+    gate = threading.Event()
+    inside: list[str] = []
+    wf = Workflow("held")
+
+    @wf.step(start=True)
+    def first(ctx, state):
+        inside.append(ctx.run_id)
+        assert gate.wait(HANG)
+        return {"first": True}
+
+    @wf.step()
+    def second(ctx, state):
+        return {"second": True}
+
+    wf.edge("first", "second")
+    wf.edge("second", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        ids = [orc.enqueue(wf, {}) for _ in range(2)]
+        tw = thread_worker(Worker(db_url, [wf], concurrency=2, drain=0))
+        wait_for(lambda: sorted(inside) == sorted(ids), timeout=HANG, what="both runs inside their first step")
+        # When the worker is stopped, and the steps end only once it has asked both runs to stop
+        # (the moment is the worker's heartbeat marking them lost; ending the steps before it
+        # would let a run go on to its next step)
+        tw.worker.stop()
+        heartbeat = tw.worker.orc.engine.heartbeat
+        wait_for(lambda: all(heartbeat.lost(r) for r in ids), timeout=HANG, what="the worker to stop the runs")
+        gate.set()
+        tw.thread.join(HANG)
+        assert not tw.thread.is_alive()
+        # Then each step's result was kept, and the run handed back before its next step
+        assert (tw.worker.counts["handed_back"], tw.worker.counts["completed"]) == (2, 0)
+        for run_id in ids:
+            assert orc.get_run(run_id).lease_owner is None
+            assert [e["data"]["step"] for e in orc.history(run_id) if e["kind"] == "StepCompleted"] == ["first"]
+        # And another worker finishes them from there, without taking them over
+        tw = thread_worker(Worker(db_url, [wf], concurrency=2))
+        wait_for(lambda: orc.store.count_by_status() == {"completed": 2}, timeout=HANG, what="both runs")
+        tw.stop()
+        for run_id in ids:
+            history = orc.history(run_id)
+            assert journal_problems(history) == []
+            assert [e["data"]["step"] for e in history if e["kind"] == "StepCompleted"] == ["first", "second"]
+            assert orc.get_run(run_id).recoveries == 0

@@ -14,7 +14,7 @@ from orchestrator.audit.stats import percentile
 from orchestrator.scale import Worker
 from orchestrator.cli import main
 
-from .conftest import target, wait_for
+from .conftest import HANG, target, wait_for
 
 
 def test_percentiles_interpolate():
@@ -42,7 +42,7 @@ def test_stats_show_statuses_queues_recoveries_and_step_latency(db_url, thread_w
             orc.enqueue(ten, {}, queue="batch")
         waiting = [orc.enqueue(ten, {}, queue="later") for _ in range(2)]
         tw = thread_worker(Worker(db_url, [ten], queues=["batch"], concurrency=2))
-        wait_for(lambda: orc.store.count_by_status().get("completed") == 5, timeout=30, what="5 runs")
+        wait_for(lambda: orc.store.count_by_status().get("completed") == 5, timeout=HANG, what="5 runs")
         tw.stop()
         # Given a run whose worker died holding its lease (it is stale until recovered)
         now = orc.engine.config.clock()
@@ -116,7 +116,7 @@ def test_a_worker_traces_each_run_it_drives(sqlite_url, thread_worker):
     with Orchestrator(sqlite_url, workflows=[ten]) as orc:
         run_id = orc.enqueue(ten, {})
         tw = thread_worker(Worker(sqlite_url, [ten], concurrency=1, tracing=provider))
-        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=30, what="the run")
+        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=HANG, what="the run")
         tw.stop()
     spans = exporter.get_finished_spans()
     [run] = [s for s in spans if s.name == "agentsaga.run ten"]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from orchestrator.engine import ACTIVE_STATUSES
+from orchestrator.engine.events import ACTIVE_STATUSES
 from store import NewEvent
+
+from .conftest import HANG
 
 T0 = 1_800_000_000.0
 
@@ -31,6 +35,20 @@ def test_next_due_is_the_earliest_lease_expiry_or_timer(store):
     assert store.wakeups.next_due(now=T0 + 1, statuses=ACTIVE_STATUSES, queues=["other"]) is None
 
 
+def heard(store, listener, *, then: str) -> list[str]:
+    """What the listener hears from now on, up to the NOTIFY of a new run in queue ``then`` (created
+    here as a marker). Postgres delivers notifications in commit order, so this is exactly what
+    the actions before the call sent: "nothing" is proved by hearing only the marker, not by a
+    quiet wait that a slow machine could outlast."""
+    run(store, f"marker-{then}", queue=then)
+    got: list[str] = []
+    end = time.monotonic() + HANG
+    while then not in got:
+        assert time.monotonic() < end, f"no NOTIFY for the marker {then!r} within {HANG:g}s; heard {got}"
+        got += listener.wait(end - time.monotonic())
+    return got
+
+
 @pytest.mark.postgres
 def test_the_runs_trigger_notifies_when_a_run_may_have_become_claimable(pg_url):
     from store import open_store
@@ -40,28 +58,29 @@ def test_the_runs_trigger_notifies_when_a_run_may_have_become_claimable(pg_url):
         try:
             # A new run notifies, with its queue
             run(store, "a")
-            assert listener.wait(2.0) == ["q"]
+            assert heard(store, listener, then="m1") == ["q", "m1"]
             # Claiming, renewing and appending do not
-            [(_, token)] = store.queues.claim(owner="w", ttl=30, now=T0, statuses=ACTIVE_STATUSES, limit=1)
+            [(_, token)] = store.queues.claim(owner="w", ttl=30, now=T0, statuses=ACTIVE_STATUSES, limit=1,
+                                            queues=["q"])
             store.leases.renew("a", token=token, ttl=30, now=T0 + 1)
             store.append("a", [NewEvent(2, "Resumed", "{}", T0 + 1)], token=token, now=T0 + 1)
-            assert listener.wait(0.3) == []
+            assert heard(store, listener, then="m2") == ["m2"]
             # Handing the run back does
             store.leases.release("a", token=token, now=T0 + 2)
-            assert listener.wait(2.0) == ["q"]
+            assert heard(store, listener, then="m3") == ["q", "m3"]
             # So does a wake (a signal arrived), and a run with no queue says so with ""
             run(store, "b", queue=None)
-            assert listener.wait(2.0) == [""]
+            assert heard(store, listener, then="m4") == ["", "m4"]
             store.wakeups.park("b", token=0, wake_at=T0 + 99, now=T0, status="waiting")
-            listener.wait(0.3)
+            heard(store, listener, then="m5")  # parking b may notify or not: not what this test is about
             assert store.wakeups.wake("b", now=T0 + 3)
-            assert listener.wait(2.0) == [""]
+            assert heard(store, listener, then="m6") == ["", "m6"]
             # A finished run does not
             [(_, token)] = store.queues.claim(owner="w", ttl=30, now=T0 + 4, statuses=ACTIVE_STATUSES, limit=1,
                                             queues=["q"])
             store.append("a", [NewEvent(3, "RunCompleted", "{}", T0 + 5)], token=token, now=T0 + 5,
                          status="completed", finished=True, release_lease=True)
-            assert listener.wait(0.3) == []
+            assert heard(store, listener, then="m7") == ["m7"]
         finally:
             listener.close()
 

@@ -11,20 +11,26 @@ import pytest
 from orchestrator import Orchestrator
 from orchestrator.engine.loader import load_target
 
-from .conftest import journal_problems, target, wait_for
+from .conftest import HANG, journal_problems, target, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def test_two_worker_processes_share_the_runs_and_stop_cleanly_on_sigterm(sqlite_url, workers):
-    lingering = load_target(target("lingering"))
-    with Orchestrator(sqlite_url, workflows=[lingering]) as orc:
-        ids = [orc.enqueue(lingering, {"pause": 0.02}) for _ in range(30)]
-        # When two worker processes run against the same SQLite file
+def test_two_worker_processes_share_the_runs_and_stop_cleanly_on_sigterm(sqlite_url, workers, tmp_path):
+    gated = load_target(target("gated"))
+    gate = tmp_path / "gate"
+    with Orchestrator(sqlite_url, workflows=[gated]) as orc:
+        ids = [orc.enqueue(gated, {"gate": str(gate)}) for _ in range(30)]
+        # When two worker processes run against the same SQLite file, and the runs' first step waits
+        # on a gate that opens only once runs are leased by two different workers (so however much
+        # sooner the first worker starts, it cannot drain the queue alone)
         procs = workers(sqlite_url)
-        a, _ = procs.start(target("lingering"), args=("--concurrency", "2", "--poll", "0.2"))
-        b, _ = procs.start(target("lingering"), args=("--concurrency", "2", "--poll", "0.2"))
-        wait_for(lambda: orc.store.count_by_status() == {"completed": 30}, timeout=60, what="30 runs")
+        a, _ = procs.start(target("gated"), args=("--concurrency", "2", "--poll", "0.2"))
+        b, _ = procs.start(target("gated"), args=("--concurrency", "2", "--poll", "0.2"))
+        wait_for(lambda: len({orc.get_run(r).lease_owner for r in ids} - {None}) == 2, timeout=HANG,
+                 what="runs leased by both workers")
+        gate.touch()
+        wait_for(lambda: orc.store.count_by_status() == {"completed": 30}, timeout=HANG, what="30 runs")
         # Then every run completed once, each journal written by one lease holder at a time
         owners = set()
         for run_id in ids:
@@ -35,35 +41,39 @@ def test_two_worker_processes_share_the_runs_and_stop_cleanly_on_sigterm(sqlite_
     # And SIGTERM stops an idle worker at once, with exit code 0
     for proc in (a, b):
         proc.send_signal(signal.SIGTERM)
-    assert a.wait(timeout=15) == 0 and b.wait(timeout=15) == 0
+    assert a.wait(timeout=HANG) == 0 and b.wait(timeout=HANG) == 0
     assert procs.logs().count(" stopped: ") == 2
 
 
-def test_sigterm_hands_in_flight_runs_back_to_another_worker(sqlite_url, workers):
-    lingering = load_target(target("lingering"))
-    with Orchestrator(sqlite_url, workflows=[lingering]) as orc:
-        ids = [orc.enqueue(lingering, {"pause": 1.5}) for _ in range(2)]
+def test_sigterm_hands_in_flight_runs_back_to_another_worker(sqlite_url, workers, tmp_path):
+    gated = load_target(target("gated"))
+    gate = tmp_path / "gate"
+    with Orchestrator(sqlite_url, workflows=[gated]) as orc:
+        ids = [orc.enqueue(gated, {"gate": str(gate)}) for _ in range(2)]
         procs = workers(sqlite_url)
-        a, log_a = procs.start(target("lingering"), args=("--concurrency", "2", "--drain", "0"))
-        wait_for(lambda: all(orc.get_run(r).lease_owner for r in ids), timeout=30, what="both runs claimed")
-        # When the worker is told to stop while both runs are inside their first step
+        a, log_a = procs.start(target("gated"), args=("--concurrency", "2", "--drain", "0"))
+        wait_for(lambda: all(gate.with_name(f"gate.inside.{r}").exists() for r in ids), timeout=HANG,
+                 what="both runs inside their first step")
+        # When the worker is told to stop while both runs are inside their first step (held there by
+        # a gate that stays shut until the worker has exited)
         a.send_signal(signal.SIGTERM)
-        assert a.wait(timeout=20) == 0
-        # Then it gave its runs back (leases released, nothing failed) instead of leaving them to
-        # expire; a run whose step was already returning when SIGTERM came may finish instead
-        text = log_a.read_text()
-        assert text.count("handed back") >= 1
-        assert text.count("handed back") + text.count("'completed': 1") + 2 * text.count("'completed': 2") >= 2
+        assert a.wait(timeout=HANG) == 0
+        # Then it gave both back (leases released, nothing failed) instead of leaving them to expire,
+        # and completed no step of either
+        assert log_a.read_text().count("handed back") == 2
         for run_id in ids:
             rec = orc.get_run(run_id)
             assert rec.lease_owner is None and rec.status not in ("failed", "dead")
+            assert [e for e in orc.history(run_id) if e["kind"] == "StepCompleted"] == []
         # And another worker finishes them, without running a completed step again
-        procs.start(target("lingering"), args=("--concurrency", "2"))
-        wait_for(lambda: orc.store.count_by_status() == {"completed": 2}, timeout=30, what="both runs")
+        gate.touch()
+        procs.start(target("gated"), args=("--concurrency", "2"))
+        wait_for(lambda: orc.store.count_by_status() == {"completed": 2}, timeout=HANG, what="both runs")
         for run_id in ids:
             history = orc.history(run_id)
             assert journal_problems(history) == []
             assert [e["data"]["step"] for e in history if e["kind"] == "StepCompleted"] == ["first", "second"]
+            assert len({e["data"]["owner"] for e in history if e["kind"] == "Resumed"}) == 2
             assert orc.get_run(run_id).recoveries == 0  # handed back, not taken over
 
 
@@ -75,7 +85,7 @@ def test_a_run_that_kills_its_workers_ends_dead_after_max_failures(sqlite_url, w
         args = ("--lease-ttl", "1", "--max-failures", "2", "--poll", "0.2")
         # When every worker that drives it dies, and a supervisor keeps starting new ones
         started = 0
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG
         while orc.get_run(run_id).status != "dead":
             assert time.monotonic() < deadline, procs.logs()
             if not procs.procs or procs.procs[-1][0].poll() is not None:

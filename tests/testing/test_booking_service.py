@@ -7,11 +7,16 @@ import json
 import subprocess
 import sys
 import threading
+import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from orchestrator.testing import BookingService
+from orchestrator.testing import booking_service
+
+HANG = 120.0  # seconds: bounds a hang, never a measure of speed
 
 
 @pytest.fixture
@@ -24,7 +29,7 @@ def service(tmp_path):
 
 @pytest.fixture
 def http(service):
-    with httpx.Client(base_url=service.url, timeout=10) as client:
+    with httpx.Client(base_url=service.url, timeout=HANG) as client:
         yield client
 
 
@@ -115,23 +120,29 @@ def test_the_ledger_file_matches_the_ledger_endpoint(service, http, tmp_path):
     assert all(isinstance(e["at"], float) for e in lines)
 
 
-def test_concurrency_is_measured(tmp_path):
-    # Given a service that holds each response for a moment
+def test_concurrency_is_measured(monkeypatch):
+    # Given a service that holds each response until the test lets go: its delay's sleep is ours, so
+    # the requests overlap because the test waited for them to, not because the machine was quick
+    release = threading.Event()
+    monkeypatch.setattr(booking_service, "time", SimpleNamespace(sleep=lambda _s: release.wait(HANG), time=time.time))
     with BookingService(delay=0.2) as svc:
-        barrier = threading.Barrier(4)
-
         def book(i: int) -> None:
-            barrier.wait()
-            httpx.post(f"{svc.url}/cars", json={"i": i}, timeout=10)
+            httpx.post(f"{svc.url}/cars", json={"i": i}, timeout=HANG)
 
         threads = [threading.Thread(target=book, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
+        # When all four are in flight at once, and then answered
+        end = time.monotonic() + HANG
+        while svc.stats()["in_flight"] < 4:
+            assert time.monotonic() < end, svc.stats()
+            time.sleep(0.01)
+        release.set()
         for t in threads:
             t.join()
-        stats = httpx.get(f"{svc.url}/stats").json()
-    # Then the requests overlapped, and each was booked once
-    assert stats["max_in_flight"] >= 2 and stats["in_flight"] <= 1
+        stats = svc.stats()
+    # Then the service measured the overlap, and each was booked once
+    assert stats["max_in_flight"] == 4 and stats["in_flight"] == 0
     assert sorted(e["id"] for e in svc.ledger()) == ["car-1", "car-2", "car-3", "car-4"]
 
 
@@ -150,7 +161,7 @@ def test_runs_as_its_own_process_and_a_test_can_count_its_side_effects(tmp_path)
         assert httpx.post(f"{url}/payments", json={"amount": 9}).status_code == 402
     finally:
         proc.terminate()
-        code = proc.wait(timeout=10)
+        code = proc.wait(timeout=HANG)
         proc.stdout.close()
     assert code == 0
     # Then the file written by the other process shows each side effect once
