@@ -262,10 +262,11 @@ class StepRunner:
         if folded.in_flight.get(name, {}).get("key_issued"):
             return False  # its key went out with the call: the other side recognises a re-send
         self.fail(run, name, folded.failures.get(name, 0) + 1, InDoubtError(
-            f"effect step {name!r} may or may not have happened, and its idempotency key {key!r} never left the "
-            "process (ctx.idempotency_key was not read, ctx.http not used), so a re-send could do it twice. Give "
-            "the step a check= hook that looks the effect up, or resend=True if its call is idempotent by other "
-            "means"))
+            f"effect step {name!r} may or may not have happened, and its idempotency key {key!r} had not left the "
+            "process (ctx.idempotency_key was not read, ctx.http had sent nothing), so a call made another way "
+            "could be done twice by a re-send. Give the step a check= hook that looks the effect up, or declare "
+            "resend=True if it reaches the world only through ctx.http (every request carries the key) or its "
+            "call is idempotent by other means"))
         return True
 
     @staticmethod

@@ -34,7 +34,10 @@ def plan(ctx, state):
     return {"log": "plan"}
 
 
-@mixed.step(effect=True, retry=Retry(attempts=5, initial=0.05, max_backoff=0.5))
+# resend=True: these effects reach the world only through ctx.http, which sends the step's key with
+# every request, so re-sending one whose outcome is unknown is always recognised by the service; a
+# worker killed before the first request would otherwise leave the effect in doubt (docs/sagas.md).
+@mixed.step(effect=True, resend=True, retry=Retry(attempts=5, initial=0.05, max_backoff=0.5))
 def flight(ctx, state):
     r = ctx.http.post(f"{state['api']}/flights", json={"to": state["city"]})
     time.sleep(state.get("pause", 0))
@@ -47,7 +50,7 @@ def notes(ctx, state):
     return {"log": "notes"}
 
 
-@mixed.step(effect=True, retry=Retry(attempts=5, initial=0.05, max_backoff=0.5))
+@mixed.step(effect=True, resend=True, retry=Retry(attempts=5, initial=0.05, max_backoff=0.5))
 def hotel(ctx, state):
     r = ctx.http.post(f"{state['api']}/hotels", json={"city": state["city"]})
     return {"hotel": r.json()["id"], "log": "hotel"}
