@@ -16,7 +16,12 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise RuntimeError("called the sync Orchestrator API inside a running event loop; use the a-prefixed twin "
-                       "(await orc.arun(...), orc.aresume(...), ...)")
+        in_loop = False
+    else:
+        in_loop = True
+    if in_loop:
+        coro.close()
+        raise RuntimeError("called the sync Orchestrator API inside a running event loop (an async function, a "
+                           "notebook); use the a-prefixed twin there: await orc.arun(...), await orc.aresume(...)")
+    # Outside the except block: an error from the run is not chained to "no running event loop".
+    return asyncio.run(coro)

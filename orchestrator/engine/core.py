@@ -41,7 +41,7 @@ from orchestrator.engine.steps import StepRunner
 from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor, Redactor
-from store import ConflictError, DuplicateRunError, NewEvent, RunRecord, Store, StoreError
+from store import ConflictError, DuplicateRunError, LeaseHeldError, NewEvent, RunRecord, Store, StoreError
 from workflows import Workflow
 
 __all__ = ["Engine", "EngineConfig", "default_owner", "make_result"]
@@ -163,8 +163,18 @@ class Engine:
         assert wf is not None
         self.check_graph(rec, wf, allow_graph_change)
         cfg = self.config
-        token = self.store.leases.acquire(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
-                                         force=force, status="running")
+        try:
+            token = self.store.leases.acquire(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                              force=force, status="running")
+        except LeaseHeldError as held:
+            if not owner_is_dead(held.owner):
+                raise LeaseHeldError(_held_message(run_id, held, cfg.clock()), run_id=run_id, owner=held.owner,
+                                     expires_at=held.expires_at) from None
+            # Its owner was a process on this machine that no longer exists (it was killed): running
+            # the same program again is the natural recovery, so take the run over now.
+            _log.info("run %s: its owner %s is gone (no such process); taking it over", run_id, held.owner)
+            token = self.store.leases.acquire(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
+                                              force=True, status="running")
         return await self.drive_claimed(run_id, token, workflow=wf)
 
     async def drive_claimed(self, run_id: str, token: int, *, workflow: Workflow | None = None,
@@ -330,6 +340,40 @@ class Engine:
         except ConflictError:
             pass  # the driving process wrote one at this seq first
         return snap.seq
+
+
+def owner_is_dead(owner: str | None) -> bool:
+    """Whether a lease owner (``host:pid:random``, see ``default_owner``) is provably gone: a process
+    of this machine that no longer exists. Anything else (another host, a live pid, a reused pid, a
+    name of another form) is presumed alive: never take a live owner's run by mistake."""
+    if not owner:
+        return False
+    host, _, rest = owner.partition(":")
+    pid_text, _, _ = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, but not ours to signal
+        return False
+    return False
+
+
+def _held_message(run_id: str, held: LeaseHeldError, now: float) -> str:
+    import datetime as _dt
+
+    until = ""
+    if held.expires_at is not None:
+        when = _dt.datetime.fromtimestamp(held.expires_at, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        until = f" until {when} (in {max(0.0, held.expires_at - now):.0f}s)"
+    return (f"run {run_id!r} is being driven by {held.owner!r}{until}. If that process is gone, take the run "
+            f"over now with orc.resume({run_id!r}) or `agentsaga resume {run_id}`; otherwise let it finish, or "
+            "wait for its lease to expire (`agentsaga recover`).")
 
 
 def make_result(run_id: str, wf: Workflow | None, folded: RunState, *, status: str | None = None) -> RunResult:

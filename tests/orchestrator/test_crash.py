@@ -73,3 +73,48 @@ def test_sigkill_then_resume_runs_each_completed_step_once(db_url, tmp_path, ref
     ticks = [(e["data"]["step"], e["data"]["tick"]) for e in history if e["kind"] == "StepCompleted"]
     assert len(ticks) == len(set(ticks))
     assert [e["kind"] for e in history].count("Resumed") == 1
+
+
+def test_running_the_same_program_again_after_a_crash_continues_the_run(db_url, tmp_path, reference_state,
+                                                                        monkeypatch):
+    # Given a run whose process was killed with SIGKILL while it held the run's (30 s) lease
+    ledger = tmp_path / "ledger"
+    killed = run_child(db_url, "again", ledger, "mid:begin:2")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    monkeypatch.setenv("CRASHFLOW_LEDGER", str(ledger))
+    monkeypatch.syspath_prepend(str(HERE))
+    import crashflow
+
+    # When the same program runs again at once, with the same run id
+    with Orchestrator(db_url, workflows=[crashflow.wf], snapshot_every=4) as orc:
+        result = orc.run(crashflow.wf, {"round": 0}, run_id="again")
+    # Then the dead owner's lease does not stand in the way: the run is taken over and completes
+    assert result.status == "completed", result.error
+    assert result.state == reference_state
+
+
+def test_a_run_held_by_a_live_process_is_not_taken_and_the_error_says_what_to_do(db_url):
+    # Given a run leased by another live process (this test's own parent stands in for it)
+    from orchestrator import LeaseHeldError
+    from workflows import END, Workflow
+
+    wf = Workflow("held")
+
+    @wf.step(start=True)
+    def only(ctx, state):
+        return {"ok": True}
+
+    wf.edge("only", END)
+    import os
+    import socket
+
+    live_owner = f"{socket.gethostname()}:{os.getppid()}:abc123"
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        orc.start(wf, {}, run_id="held")
+        orc.store.leases.acquire("held", owner=live_owner, ttl=300, now=orc.engine.config.clock())
+        # When the program asks to run it again
+        with pytest.raises(LeaseHeldError) as raised:
+            orc.run(wf, {}, run_id="held")
+    # Then it is refused, naming the owner, a readable time and the way to take it over
+    message = str(raised.value)
+    assert live_owner in message and "UTC" in message and "agentsaga resume held" in message

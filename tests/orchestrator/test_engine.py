@@ -415,3 +415,15 @@ def test_snapshot_on_demand_verifies_and_shortens_recovery(orc_factory):
     resumed = [e["data"] for e in orc.history("od") if e["kind"] == "Resumed"][0]
     assert resumed["snapshot_seq"] == seq and resumed["replayed"] == 0
     assert result.state == {"n": 9, "seen": list(range(9))}
+
+
+def test_an_error_from_the_sync_api_is_not_chained_to_the_event_loop_probe(orc_factory):
+    # Given a workflow whose run is refused (an input that is not a mapping)
+    wf = counter_workflow()
+    orc = orc_factory(wf)
+    # When the sync API raises
+    with pytest.raises(Exception) as raised:
+        orc.run(wf, ["not", "a", "dict"], run_id="bad-input")
+    # Then the traceback is the error alone, not "During handling of RuntimeError: no running event loop"
+    assert not isinstance(raised.value.__context__, RuntimeError)
+    assert "input must be a dict" in str(raised.value)
