@@ -104,6 +104,9 @@ class DurableExecution:
             raise ValueError(f"durable_call kind must be a non-empty string, got {kind!r}")
         if if_changed not in ("raise", "perform"):
             raise ValueError(f"durable_call if_changed must be 'raise' or 'perform', got {if_changed!r}")
+        if not isinstance(request, Mapping):
+            raise TypeError(f"durable_call request in step {self.step!r} must be a JSON object (a dict), got "
+                            f"{type(request).__name__}; wrap it, e.g. {{'messages': [...]}}")
         index = self._calls
         self._calls += 1
         # force=True: the event's redaction may run whatever this request holds (a response can

@@ -256,3 +256,21 @@ def test_a_call_whose_response_was_null_is_not_performed_again(db_url):
         result = orc.resume("n1")
     # Then the email was sent once: a null response is still a journaled response
     assert result.status == "completed" and len(performed) == 1
+
+
+def test_a_request_that_is_not_a_json_object_is_refused_at_the_call(db_url):
+    # Given a step passing a list of messages as a durable call's request
+    wf = Workflow("listy")
+    performed = []
+
+    @wf.step(start=True)
+    def ask(ctx, state):
+        return {"r": ctx.durable_call("llm", [{"role": "user", "content": "hi"}], lambda: performed.append(1))}
+
+    wf.edge("ask", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {}, run_id="l1")
+        journal = kinds(orc, "l1")
+    # Then the step fails saying what to do, nothing was performed, and nothing odd was journaled
+    assert result.status == "failed" and "must be a JSON object" in result.error and "wrap it" in result.error
+    assert performed == [] and "CallCompleted" not in journal
