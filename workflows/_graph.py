@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from workflows._policies import END_NAME, NO_RETRY, Retry, _End
+from workflows._policies import END, END_NAME, NO_RETRY, Retry, _End
 from workflows._reducers import MISSING, Reducer, check_reducer, reducers_of_model, replace
 from workflows._step import Step, is_async_callable
 from workflows.errors import DefinitionError, RoutingError
@@ -103,8 +103,12 @@ class Workflow:
         check: Callable[..., Any] | None = None,
         resend: bool | None = None,
         breaker: Any = None,
+        into: str | None = None,
     ) -> Any:
-        """Register a sync or async function ``(ctx, state) -> update`` as a step."""
+        """Register a sync or async function ``(ctx, state) -> update`` as a step.
+
+        The first step declared is where a run starts, unless some step says ``start=True``.
+        ``into="field"`` stores whatever the step returns (a string, a list, ...) as that one field."""
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or getattr(func, "__name__", None)
@@ -134,6 +138,9 @@ class Workflow:
                 raise DefinitionError(
                     f"step {step_name!r}: compensate/check need effect=True", workflow=self.name, step=step_name
                 )
+            if into is not None and (not isinstance(into, str) or not into):
+                raise DefinitionError(f"step {step_name!r}: into must be a state field name, got {into!r}",
+                                      workflow=self.name, step=step_name)
             read_keys = None if reads is None else tuple(reads)
             if read_keys is not None and not all(isinstance(k, str) for k in read_keys):
                 raise DefinitionError(f"step {step_name!r}: reads must be field names", workflow=self.name, step=step_name)
@@ -153,6 +160,7 @@ class Workflow:
                 check=check,
                 resend=resend,
                 breaker=breaker,
+                into=into,
                 description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else None,
             )
             self._validated_fingerprint = None
@@ -191,6 +199,16 @@ class Workflow:
         self._validated_fingerprint = None
         return self
 
+    def sequence(self, *steps: str | _End) -> Workflow:
+        """Edges along a chain: ``wf.sequence("plan", "search", "answer", END)`` is three ``edge`` calls."""
+        if len(steps) < 2:
+            raise DefinitionError(f"a sequence needs two or more steps, got {list(steps)!r}", workflow=self.name)
+        for source, target in zip(steps, steps[1:]):
+            if isinstance(source, _End):
+                raise DefinitionError("END can only end a sequence", workflow=self.name)
+            self.edge(source, target)
+        return self
+
     def route(self, source: str, router: Router, *, targets: Iterable[str | _End] | None = None) -> Workflow:
         """A conditional edge: ``router(state)`` returns a step name, several names or END.
 
@@ -211,7 +229,9 @@ class Workflow:
     # -- validation and identity -------------------------------------------------------------
     @property
     def start_steps(self) -> list[str]:
-        return [s.name for s in self.steps.values() if s.start]
+        """The steps marked ``start=True``; without any, the first step declared."""
+        marked = [s.name for s in self.steps.values() if s.start]
+        return marked or list(self.steps)[:1]
 
     def validate(self) -> None:
         """Check the graph; raise ``DefinitionError`` naming the step at fault."""
@@ -220,8 +240,13 @@ class Workflow:
         wf = self.name
         if not self.steps:
             raise DefinitionError("has no steps", workflow=wf)
-        if not self.start_steps:
-            raise DefinitionError("has no start step; mark one with @wf.step(start=True)", workflow=wf)
+        if not self.edges and not self.routes and not self.joins:
+            # A workflow with no edges at all is a chain: its steps run in the order they were
+            # declared, then the run ends (the edges are made here, so the fingerprint shows them).
+            if len(self.steps) > 1:
+                self.sequence(*self.steps, END)
+            else:
+                self.edge(next(iter(self.steps)), END)
 
         def known(name: str, where: str, step: str) -> None:
             if name != END_NAME and name not in self.steps:
@@ -369,6 +394,9 @@ class Workflow:
 
     def normalise_update(self, step: str, result: Any) -> dict[str, Any]:
         """A step's return value as a dict of field updates, or a clear error naming the step."""
+        into = self.steps[step].into if step in self.steps else None
+        if into is not None:
+            return {into: result.model_dump() if hasattr(result, "model_dump") else result}
         if result is None:
             return {}
         if isinstance(result, dict):
@@ -379,11 +407,17 @@ class Workflow:
         if hasattr(result, "model_dump"):
             return result.model_dump(exclude_unset=True)
         raise TypeError(
-            f"step {step!r} returned {type(result).__name__}; a step returns a dict of state updates, "
-            "a state model or None"
+            f"step {step!r} returned {type(result).__name__} ({_short(result)}); a step returns a dict of state "
+            f"updates, a state model or None. To keep a single value as one field, declare "
+            f"@wf.step(into='{step}_result') (any field name)"
         )
 
     def check_state(self, step: str, state: dict[str, Any]) -> None:
         """Validate a merged state against the model (typed state only)."""
         if self.state_model is not None:
             self.state_model.model_validate(state)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -39,6 +39,7 @@ class Step:
     check: Callable[..., Any] | None = None
     resend: bool | None = None
     breaker: Any = None  # a breaker name, or a compensations.BreakerConfig
+    into: str | None = None  # the state field a non-dict return value is stored in
     description: str | None = None
 
     @property

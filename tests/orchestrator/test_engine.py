@@ -427,3 +427,26 @@ def test_an_error_from_the_sync_api_is_not_chained_to_the_event_loop_probe(orc_f
     # Then the traceback is the error alone, not "During handling of RuntimeError: no running event loop"
     assert not isinstance(raised.value.__context__, RuntimeError)
     assert "input must be a dict" in str(raised.value)
+
+
+def test_a_straight_line_workflow_needs_no_start_flag_and_no_edges(orc_factory):
+    # Given three steps declared in order, the last returning a bare string into a field
+    wf = Workflow("short")
+
+    @wf.step()
+    def plan(ctx, state):
+        return {"todo": ["a", "b"]}
+
+    @wf.step()
+    def search(ctx, state):
+        return {"found": [f"{t}!" for t in state["todo"]]}
+
+    @wf.step(into="answer")
+    def answer(ctx, state):
+        return " / ".join(state["found"])
+
+    # When it runs
+    result = orc_factory(wf).run(wf, {}, run_id="short")
+    # Then the steps ran in the order declared and the string became the answer
+    assert result.status == "completed"
+    assert result.state["answer"] == "a! / b!"

@@ -42,11 +42,46 @@ def test_fingerprint_changes_with_an_edge():
     assert a.fingerprint != b.fingerprint
 
 
-def test_no_start_step_is_an_error():
+def test_without_start_true_the_first_declared_step_is_the_start():
+    # Given steps declared with no start=True and an edge
     wf = Workflow("w")
     wf.step(name="a")(noop)
-    with pytest.raises(DefinitionError, match="no start step"):
-        wf.validate()
+    wf.step(name="b")(noop)
+    wf.edge("a", "b")
+    wf.edge("b", END)
+    # Then the first one declared is where a run starts
+    wf.validate()
+    assert wf.start_steps == ["a"]
+
+
+def test_a_workflow_with_no_edges_is_a_chain_in_declaration_order():
+    # Given three steps and no edges, routers or joins
+    wf = Workflow("w")
+    for name in ("plan", "search", "answer"):
+        wf.step(name=name)(noop)
+    # Then they run in the order declared, the last one ending the run (and the fingerprint says so)
+    wf.validate()
+    assert wf.start_steps == ["plan"]
+    assert wf.describe()["edges"] == [["answer", "__end__"], ["plan", "search"], ["search", "answer"]]
+
+
+def test_sequence_is_an_edge_per_hop():
+    wf = Workflow("w")
+    for name in ("a", "b", "c"):
+        wf.step(name=name)(noop)
+    wf.sequence("a", "b", "c", END)
+    assert wf.edges == {"a": ["b"], "b": ["c"], "c": ["__end__"]}
+    with pytest.raises(DefinitionError, match="two or more"):
+        wf.sequence("a")
+
+
+def test_into_keeps_a_single_returned_value_as_one_field_and_a_bare_value_otherwise_is_a_clear_error():
+    wf = Workflow("w")
+    wf.step(name="answer", into="answer")(noop)
+    wf.step(name="plain")(noop)
+    assert wf.normalise_update("answer", "forty-two") == {"answer": "forty-two"}
+    with pytest.raises(TypeError, match=r"returned str \('forty-two'\).*into="):
+        wf.normalise_update("plain", "forty-two")
 
 
 def test_duplicate_step_name_is_an_error_naming_it():
