@@ -1,7 +1,8 @@
 """The ``agentsaga`` command line: verbs over the same engine as the library.
 
-Every verb takes ``--db URL`` (default: ``AGENTSAGA_DB``, else a SQLite file in the working
-directory). Errors are one line on stderr and a non-zero exit (1 for a failed operation, 2 for bad
+``--db URL`` (default: ``AGENTSAGA_DB``, else a SQLite file in the working directory) and
+``--debug`` go before or after the verb: ``agentsaga --db URL runs`` and ``agentsaga runs --db URL``
+are the same. Errors are one line on stderr and a non-zero exit (1 for a failed operation, 2 for bad
 usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json``.
 """
 
@@ -156,18 +157,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 # -- parser --------------------------------------------------------------------------------------
+def _global_options(*, at_verb: bool) -> argparse.ArgumentParser:
+    """``--db`` and ``--debug``, accepted before the verb and after it. After it their defaults are
+    SUPPRESS: a sub-parser writes its defaults over the namespace the main parser filled, so a
+    default there would erase ``agentsaga --db URL VERB``'s URL."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--db", metavar="URL", default=argparse.SUPPRESS if at_verb else None,
+                         help="database URL (default: $AGENTSAGA_DB, else sqlite:///agentsaga.db)")
+    options.add_argument("--debug", action="store_true", default=argparse.SUPPRESS if at_verb else False,
+                         help="show tracebacks on errors")
+    return options
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", metavar="URL", default=None,
-                        help="database URL (default: $AGENTSAGA_DB, else sqlite:///agentsaga.db)")
-    common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    at_verb = _global_options(at_verb=True)
     parser = argparse.ArgumentParser(prog="agentsaga", description="Durable, auditable agent runs.",
-                                     parents=[common])
+                                     parents=[_global_options(at_verb=False)])
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
     def verb(name: str, func: Callable[[argparse.Namespace], int], help: str, json_flag: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, parents=[common])
+        p = sub.add_parser(name, help=help, description=help, parents=[at_verb])
         if json_flag:
             p.add_argument("--json", action="store_true", help="print data as JSON")
         p.set_defaults(func=func)

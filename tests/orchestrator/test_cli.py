@@ -108,3 +108,23 @@ def test_default_database_is_agentsaga_db_env(tmp_path, ledger):
     done = cli("run", FLOW, "--input", '{"round": 0}', ledger=ledger, env={"AGENTSAGA_DB": url})
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "from-env.db").exists()
+
+
+@pytest.mark.parametrize("before_verb", [True, False])
+def test_db_is_honoured_before_and_after_the_verb(tmp_path, ledger, before_verb):
+    # Given a run written with --db before (or after) the verb, from a directory of its own
+    url = f"sqlite:///{tmp_path}/chosen.db"
+    place = (lambda *a: ["--db", url, *a]) if before_verb else (lambda *a: [*a, "--db", url])
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run([agentsaga_exe(), *place("run", str(ROOT / FLOW), "--input", '{"round": 0}',
+                                                    "--run-id", "db-1")],
+                          cwd=work, capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if k != "AGENTSAGA_DB"},
+                               "CRASHFLOW_LEDGER": str(ledger)})
+    # Then the run is in the chosen database and no ./agentsaga.db was written
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "chosen.db").exists() and not (work / "agentsaga.db").exists()
+    listed = subprocess.run([agentsaga_exe(), *place("runs", "--json")], cwd=work, capture_output=True, text=True,
+                            timeout=120)
+    assert [json.loads(line)["run_id"] for line in listed.stdout.splitlines()] == ["db-1"]
