@@ -112,7 +112,7 @@ class Engine:
             data["parent"] = parent
         what = (f"fork of run {parent['run_id']!r} at step {parent['step']!r}" if parent
                 else f"input of workflow {wf.name!r}")
-        text = codec.dumps(data, what=what)
+        text = self.journal.redact(codec.dumps(data, what=what))  # the input is a door too (invariant 9)
         cfg = self.config
         now = cfg.clock()
         try:
@@ -310,7 +310,7 @@ class Engine:
             if waiting_for and name not in waiting_for:
                 raise RunStateError(f"run {run_id!r} is waiting for {', '.join(map(repr, waiting_for))}, "
                                     f"not {name!r}")
-        text = codec.dumps(data, what=f"data of signal {name!r}")
+        text = self.journal.redact(codec.dumps(data, what=f"data of signal {name!r}"))  # invariant 9
         now = self.config.clock()
         self.store.signals.send(run_id, name, text, now=now)
         self.store.wakeups.wake(run_id, now=now)

@@ -199,7 +199,7 @@ class Worker:
         self.owner = self.orc.owner
         self.concurrency = concurrency
         self.dead = DeadLetterPolicy(self.store, owner=self.owner, clock=self.orc.engine.config.clock,
-                                     max_failures=max_failures)
+                                     max_failures=max_failures, redact=self.orc.engine.journal.redact)
         self._inbox: queue_mod.Queue[tuple[str, int, str | None] | None] = queue_mod.Queue()
         self._lock = threading.Lock()
         self._wake = threading.Event()

@@ -148,3 +148,15 @@ def test_a_worker_without_any_app_refuses_to_start(project, sqlite_url):
     assert done.returncode == 2
     assert "a worker needs the workflows it may drive" in done.stderr
 
+
+def test_config_redaction_applies_to_what_the_cli_writes(project, sqlite_url):
+    # Given a project that declares its own secret field and pattern
+    (project / "agentsaga.toml").write_text('app = "agents.flows"\n[redact]\nfields = ["ssn"]\n'
+                                            'patterns = ["ACME-[0-9]{6}"]\n', encoding="utf-8")
+    # When a run starts with them in its input, and a signal carries them
+    done = agentsaga("run", "greet", "--input", '{"who": "ACME-123456", "ssn": "078-05-1120"}', "--run-id", "g5",
+                     "--db", sqlite_url, cwd=project)
+    assert done.returncode == 0, done.stderr
+    # Then neither reached the database file
+    raw = b"".join(p.read_bytes() for p in Path(sqlite_url[len("sqlite:///"):]).parent.glob("agentsaga.db*"))
+    assert b"ACME-123456" not in raw and b"078-05-1120" not in raw

@@ -190,3 +190,30 @@ def test_the_pre_filter_only_skips_texts_that_hold_no_secret(event):
     journal = JournalRedactor(Redactor(fields=["ssn"], patterns=[r"ACME-\d{6}"]))
     text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
     assert journal(text) == journal(text, force=True)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("db login failed: password=hunter2 (retrying)", "db login failed: password=[REDACTED] (retrying)"),
+    ("{'user': 'ann', 'api_key': 'abc123'}", "{'user': 'ann', 'api_key': '[REDACTED]'}"),
+    ('    connect(password="hunter2")', '    connect(password="[REDACTED]")'),
+    ("client_secret: s3cr3t:with:colons", "client_secret: [REDACTED]"),
+    ("Authorization: Bearer abcdefghijkl", "Authorization: [REDACTED]"),
+    ("token: 5 used, max_tokens=100, next_token=abc", "token: 5 used, max_tokens=100, next_token=abc"),
+    ("secretary: bob", "secretary: bob"),
+])
+def test_names_with_values_in_free_text(text, expected):
+    # An exception message or a traceback line quotes a setting: its value goes, its name stays
+    assert plain.text(text) == expected
+
+
+def test_header_names_that_end_in_key_or_token_are_secrets_but_ours_is_not():
+    out = plain.headers({"X-Functions-Key": "a", "Ocp-Apim-Subscription-Key": "b", "X-Session-Token": "c",
+                         "Idempotency-Key": "run:step:0", "X-Request-Id": "r1"})
+    assert out == {"X-Functions-Key": REDACTED, "Ocp-Apim-Subscription-Key": REDACTED, "X-Session-Token": REDACTED,
+                   "Idempotency-Key": "run:step:0", "X-Request-Id": "r1"}
+
+
+def test_a_secret_used_as_an_object_key_goes_too():
+    key = KEYS["github"]
+    out = JournalRedactor(plain)(json.dumps({key: 1, "n": 2}))
+    assert key not in out and json.loads(out) == {REDACTED: 1, "n": 2}
