@@ -150,6 +150,13 @@ def test_ordinary_text_is_left_alone(text):
     assert not plain.may_hold_secret(event)
 
 
+def test_signed_urls_and_shouted_schemes():
+    signed = "https://b.s3.amazonaws.com/k?X-Amz-Credential=me%2F2026&X-Amz-Signature=abc123def&X-Amz-Expires=60"
+    event = json.dumps({"url": signed, "h": "BASIC dXNlcjpodW50ZXIy"})
+    out = json.loads(JournalRedactor(plain)(event))
+    assert out["url"].endswith("X-Amz-Signature=[REDACTED]&X-Amz-Expires=60") and out["h"] == REDACTED
+
+
 def test_urls_in_any_text_lose_userinfo_passwords_and_sensitive_query_values():
     text = "GET https://bob:pw1@api.example.com/v1?q=cats&key=G1&access_token=T1&page_token=P2 then postgres://u:pw2@db/x"
     assert plain.text(text) == ("GET https://bob:[REDACTED]@api.example.com/v1?q=cats&key=[REDACTED]"
@@ -177,7 +184,9 @@ _NAMES = st.sampled_from(["token", "next_token", "token_count", "accessToken", "
                           "Authorization", "max_tokens", "url", "ssn", "X-Auth-Token", "page_token", "key"])
 _VALUES = st.one_of(
     st.sampled_from([*KEYS.values(), "https://u:p@h/x?key=1", "?token=abc", "plain words", "token", "Basic ok",
-                     '{"password": "x"}', "ACME-123456", "Bearer\tabcdefghijkl", "a=1&api_key=2"]),
+                     '{"password": "x"}', "ACME-123456", "Bearer\tabcdefghijkl", "a=1&api_key=2",
+                     "u?X-Amz-Signature=abc", "BASIC dXNlcjpodW50ZXIy", "db password: pw1", "{'client_secret': 'x'}",
+                     "access_token=T&x=1", "ssn=123"]),
     st.text(max_size=12),
 )
 _EVENTS = st.recursive(_VALUES | st.integers(), lambda inner: st.lists(inner, max_size=3)
