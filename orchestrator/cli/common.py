@@ -26,7 +26,7 @@ from typing import Any
 from orchestrator._orchestrator import Orchestrator
 from orchestrator.cli.config import ProjectConfig, app_source, load_config
 from orchestrator.cli.progress import Progress
-from orchestrator.engine.loader import load_app, load_target
+from orchestrator.engine.loader import load_app, load_target, split_spec
 from orchestrator.errors import WorkflowNotFoundError
 from store import default_url
 from workflows import Workflow
@@ -108,7 +108,7 @@ def resolve_target(args: argparse.Namespace) -> tuple[Workflow, list[Workflow]]:
     the app's workflows (``--app``, ``AGENTSAGA_APP``, the project config), then imported as a
     module or file that must define exactly one workflow."""
     spec = args.target
-    if ":" in spec.strip()[2:]:  # (a Windows drive letter is not an attribute)
+    if split_spec(spec)[1] is not None:
         return load_target(spec), []
     app = app_workflows(args)
     for wf in app:

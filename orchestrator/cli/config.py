@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ def _strings(value: Any, what: str) -> tuple[str, ...]:
 
 
 def app_source(named: list[str] | tuple[str, ...] | None, config: ProjectConfig,
-               environ: dict[str, str] | os._Environ[str] | None = None) -> AppSource | None:
+               environ: Mapping[str, str] | None = None) -> AppSource | None:
     """The app to load: named on the command line, else ``AGENTSAGA_APP``, else the config; None if none."""
     if named:
         return AppSource(tuple(named), "the command line")

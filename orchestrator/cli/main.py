@@ -91,6 +91,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     with _orchestrator(args, app=True) as orc:
+        if not orc.workflows.names():  # it could only take leases it must give back
+            raise UsageError("recover needs the workflows it may drive: name their module with --app MODULE, "
+                             "AGENTSAGA_APP or app = \"...\" in agentsaga.toml")
         results = orc.recover(limit=args.limit)
     if args.json:
         for res in results:

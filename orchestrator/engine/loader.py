@@ -35,19 +35,22 @@ from typing import Any
 from orchestrator.errors import WorkflowNotFoundError
 from workflows import Workflow
 
-__all__ = ["load_target", "load_app"]
+__all__ = ["load_target", "load_app", "split_spec"]
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """``("pkg.mod", "attr")`` for ``pkg.mod:attr``; ``(spec, None)`` when no attribute is named
+    (what follows the last ``:`` is not a name, as in a Windows path ``C:\\flows.py``)."""
+    where, colon, attr = spec.strip().rpartition(":")
+    if colon and where and attr.isidentifier():
+        return where, attr
+    return spec.strip(), None
 
 
 def _split(spec: str, what: str) -> tuple[str, str | None]:
     if not isinstance(spec, str) or not spec.strip():
         raise WorkflowNotFoundError(f"{what} must be a module, a file.py, or either with ':attr'; got {spec!r}")
-    spec = spec.strip()
-    where, colon, attr = spec.rpartition(":")
-    if not colon or len(where) == 1 and where.isalpha():  # no ":attr" (or only a Windows drive letter)
-        return spec, None
-    if not attr.isidentifier():
-        raise WorkflowNotFoundError(f"{what} {spec!r}: {attr!r} after ':' is not an attribute name")
-    return where, attr
+    return split_spec(spec)
 
 
 def _is_path(where: str) -> bool:

@@ -160,3 +160,30 @@ def test_config_redaction_applies_to_what_the_cli_writes(project, sqlite_url):
     # Then neither reached the database file
     raw = b"".join(p.read_bytes() for p in Path(sqlite_url[len("sqlite:///"):]).parent.glob("agentsaga.db*"))
     assert b"ACME-123456" not in raw and b"078-05-1120" not in raw
+
+
+def test_recover_without_any_app_takes_no_lease(project, sqlite_url):
+    # Given a pending run nobody drives
+    from orchestrator.engine.loader import load_app
+
+    [greet] = load_app(str(project / "agents" / "flows.py"))
+    with Orchestrator(sqlite_url, workflows=[greet]) as orc:
+        orc.start(greet, {}, run_id="p1")
+        before = orc.get_run("p1")
+    # When recover runs with no app named anywhere
+    done = agentsaga("recover", "--db", sqlite_url, cwd=project)
+    # Then it says what it needs, and the run's lease and counters are as they were
+    assert done.returncode == 2 and "recover needs the workflows it may drive" in done.stderr
+    with Orchestrator(sqlite_url) as orc:
+        assert orc.get_run("p1") == before
+
+
+@pytest.mark.parametrize("spec, parts", [
+    ("a:b", ("a", "b")), ("pkg.mod:wf", ("pkg.mod", "wf")), ("flows.py", ("flows.py", None)),
+    ("C:\\work\\flows.py", ("C:\\work\\flows.py", None)), ("C:\\work\\flows.py:wf", ("C:\\work\\flows.py", "wf")),
+    ("research", ("research", None)),
+])
+def test_app_and_target_specs(spec, parts):
+    from orchestrator.engine.loader import split_spec
+
+    assert split_spec(spec) == parts
