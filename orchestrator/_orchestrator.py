@@ -67,7 +67,9 @@ class Orchestrator:
     - ``tool_limits``: in-flight calls allowed per tool across the cluster (``{"payments": 2}`` or a
       ``orchestrator.tools.ToolLimits``)
     - ``redact``: extra regex patterns scrubbed from everything journaled (secrets never reach the
-      journal; Authorization headers, API keys and sensitive fields are redacted by default)
+      journal; Authorization headers, API keys, common key formats and sensitive fields are
+      redacted by default, see ``orchestrator.payload.redact``), or a whole ``Redactor``
+    - ``redact_fields``: extra field, header and parameter names whose values are redacted
     - ``max_body``: bytes of each HTTP request/response body kept in the journal (the rest is cut,
       with a marker and the full size)
     - ``replay``: a ``Cassette`` of recorded responses: durable calls (model calls, tools) are
@@ -94,16 +96,25 @@ class Orchestrator:
         compensations: Compensations | None = None,
         breakers: BreakerRegistry | None = None,
         tool_limits: ToolLimits | Mapping[str, int] | None = None,
-        redact: Iterable[str] = (),
+        redact: Iterable[str] | Redactor = (),
+        redact_fields: Iterable[str] = (),
         max_body: int = 8192,
         replay: Any = None,
         observers: Sequence[Observer] = (),
     ) -> None:
         _check_options(snapshot_every, keep_snapshots, lease_ttl, heartbeat)
-        try:
-            redactor = Redactor(patterns=tuple(redact))
-        except ValueError as exc:
-            raise ConfigurationError(str(exc)) from None
+        if isinstance(redact, Redactor):
+            if redact_fields:
+                raise ConfigurationError("redact_fields goes into the Redactor when redact is one: "
+                                         "Redactor(fields=[...])")
+            redactor = redact
+        else:
+            if isinstance(redact, str) or isinstance(redact_fields, str):
+                raise ConfigurationError("redact and redact_fields take lists (of patterns, of names), not a string")
+            try:
+                redactor = Redactor(patterns=tuple(redact), fields=tuple(redact_fields))
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
         if tool_limits is not None and not isinstance(tool_limits, ToolLimits):
             tool_limits = ToolLimits(tool_limits)
         self._breaker_settings = breakers if breakers is not None else default_breakers

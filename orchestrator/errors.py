@@ -4,7 +4,7 @@
 
     OrchestratorError            base of the engine's errors
      ├── ConfigurationError      an Orchestrator option is invalid
-     ├── WorkflowNotFoundError   the run's workflow is not registered and its target cannot be imported
+     ├── WorkflowNotFoundError   the run's workflow is not registered here, or a named app cannot be imported
      ├── GraphChangedError       the workflow's graph or version differs from the one the run started with
      ├── EncodingError           a value cannot be journaled as JSON (names where it is and its type)
      ├── StepTimeoutError        a step ran longer than its timeout
@@ -63,7 +63,7 @@ class ConfigurationError(OrchestratorError):
 
 
 class WorkflowNotFoundError(OrchestratorError):
-    """The run's workflow is not registered with this Orchestrator and its target cannot be imported."""
+    """The run's workflow is not registered with this Orchestrator, or a named app or target cannot be imported."""
 
 
 class GraphChangedError(OrchestratorError):

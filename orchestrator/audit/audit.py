@@ -5,6 +5,13 @@ delegating to it). It is given the store, the workflow registry, the injected cl
 ``fork``, the engine's way of creating a run. It never drives a run: ``fork`` journals a new
 pending run that ``resume`` drives, and ``gc`` only deletes finished runs.
 
+Reading is pure (invariant 11): ``list_runs``, ``history``, ``summary``, ``verify``, ``report``,
+``stats`` and ``gc(dry_run=True)`` import no code, take no lease and append nothing. A run whose
+workflow is registered is folded with its reducers; any other run is read without code
+(``orchestrator.engine.reading``): its state from the newest verified snapshot plus the events
+after it, its built-in reducers applied as the run recorded them, and the summary says which
+fields, if any, had to be merged by replacement.
+
 The interpretation of a journal lives in small pure modules, so the CLI, the report and the tests
 share one reading: ``summary`` (what a run did), ``verify`` (does the journal agree with its
 snapshots), ``fork`` (the state before a step), ``gc`` (what retention may delete), ``report``
@@ -24,6 +31,7 @@ from orchestrator.audit.gc import GC_STATUSES, GcReport, plan_deletions
 from orchestrator.audit.stats import Stats, collect_stats
 from orchestrator.audit.summary import RunSummary, decode_events, summarise
 from orchestrator.audit.verify import VerifyReport, verify_journal
+from orchestrator.engine.reading import read_state, reduce_for
 from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.errors import ConfigurationError, RunStateError
 from orchestrator.payload import codec
@@ -70,7 +78,21 @@ class Audit:
         snapshots = self.store.snapshots(run_id)
         events = decode_events(self.store.events(run_id))
         wf = self.workflows.for_run(rec, required=False)
-        return summarise(rec, events, snapshots, reduce=wf.reduce if wf else None, keep_states=keep_states)
+        if wf is not None:
+            return summarise(rec, events, snapshots, reduce=wf.reduce, keep_states=keep_states)
+        # Without the workflow's code: the step-by-step states (the report's) are folded with the
+        # reducers the run recorded; the final state comes from the newest verified snapshot.
+        along = reduce_for(self.store, run_id)
+        summary = summarise(rec, events, snapshots, reduce=along, keep_states=keep_states)
+        if summary.state is not None:
+            reading = read_state(self.store, run_id, None)
+            summary.state = reading.folded.state
+            summary.state_source = reading.describe()
+        if keep_states and along.replaced:
+            summary.notes.append(f"workflow {rec.workflow!r} is not registered here: the states shown per step "
+                                 "are folded without its reducers; fields merged by replacement: "
+                                 + ", ".join(sorted(along.replaced)))
+        return summary
 
     def verify(self, run_id: str) -> VerifyReport:
         """Re-fold the journal and check every snapshot: its sha256, and that it equals the fold at
@@ -84,7 +106,12 @@ class Audit:
         last = events[-1].seq if events else 0
         status = rec.status if self.store.last_seq(run_id) == last else None  # moved on: not comparable
         wf = self.workflows.for_run(rec, required=False)
-        return verify_journal(run_id, events, snapshots, reduce=wf.reduce if wf else None, run_status=status)
+        if wf is not None:
+            return verify_journal(run_id, events, snapshots, reduce=wf.reduce, run_status=status)
+        # Without the code, user state is compared wherever the run's recorded reducers reproduce it.
+        recorded = reduce_for(self.store, run_id)
+        return verify_journal(run_id, events, snapshots, reduce=recorded, run_status=status,
+                              unknown_fields=recorded.unknown)
 
     def fork(self, parent_id: str, /, *, from_step: str, run_id: str | None = None) -> str:
         """Journal a new pending run whose first state is ``parent_id``'s state just before the

@@ -74,7 +74,6 @@ class RunSummary:
     workflow: str
     version: str
     fingerprint: str
-    target: str
     status: str
     created_at: float
     updated_at: float
@@ -103,6 +102,9 @@ class RunSummary:
     notes: list[str]
     #: with ``keep_states``: the state a tick's steps saw, by the seq it was folded at (JSON text)
     states: dict[int, str] = field(default_factory=dict)
+    #: how ``state`` was read: "state folded from all N events" with the workflow's reducers, or
+    #: without its code, from which snapshot and which fields were merged by replacement
+    state_source: str = ""
 
     @property
     def duration(self) -> float | None:
@@ -169,8 +171,8 @@ class _Builder:
         self.state_chars = state_chars
         self.folded: RunState | None = RunState()
         self.notes: list[str] = [] if reduce else [
-            f"workflow {rec.workflow!r} is not importable here: states are folded without its reducers "
-            "and may differ from what the run saw"]
+            f"workflow {rec.workflow!r} is not registered here: states are folded without its reducers "
+            "(fields merged by replacement) and may differ from what the run saw"]
         self.executions: list[Execution] = []
         self.open: dict[str, Execution] = {}
         self.ticks: list[dict[str, Any]] = []
@@ -364,7 +366,7 @@ class _Builder:
         started = self.started
         return RunSummary(
             run_id=rec.run_id, workflow=rec.workflow, version=rec.version, fingerprint=rec.fingerprint,
-            target=rec.target, status=rec.status, created_at=rec.created_at, updated_at=rec.updated_at,
+            status=rec.status, created_at=rec.created_at, updated_at=rec.updated_at,
             finished_at=rec.finished_at, error=rec.error,
             parent=started.get("parent") or ({"run_id": rec.parent_run_id} if rec.parent_run_id else None),
             lease_owner=rec.lease_owner, lease_expires_at=rec.lease_expires_at, events=self.count, first_at=self.first_at, last_at=self.last_at,
@@ -374,6 +376,8 @@ class _Builder:
             effects=list(self.effects.values()), sagas=self.sagas, resumes=self.resumes, breakers=self.breakers,
             snapshots=snaps + [{"rejected": True, **r} for r in self.rejected], others=self.others,
             failure=self.failure(), notes=self.notes, states=self.states,
+            state_source="" if folded is None else f"state folded from all {folded.seq} events"
+            + ("" if self.reduce else "; folded without reducers: fields merged by replacement"),
         )
 
     def failure(self) -> dict[str, Any] | None:

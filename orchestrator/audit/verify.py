@@ -13,9 +13,11 @@ The rules, each reported with the seq it concerns:
   does not, and snapshots after it cannot be compared (that is said too).
 - snapshot: its layout version is the one this code writes; the sha256 of its text matches the
   stored hash; its text decodes to a run state; its seq is within the journal; and it equals the
-  fold of events 1..seq. With no workflow to fold with (its code is not importable here) the user
-  state is left out of the comparison and a note says so; the scheduler fields are still compared,
-  because folding them never calls user code.
+  fold of events 1..seq. Without the workflow's code (it is not registered here; reading never
+  imports it) the user state is folded with the reducers the run recorded: fields whose reducer is
+  the workflow's own function, or every field of a run that predates the record, are left out of
+  the comparison and a note names them; the scheduler fields are always compared, because folding
+  them never calls user code.
 - run row: when either the row or the journal says the run has ended, they say the same end.
 """
 
@@ -95,17 +97,26 @@ def verify_journal(
     *,
     reduce: Callable[[dict[str, Any], Mapping[str, Any]], None] | None = None,
     run_status: str | None = None,
+    unknown_fields: frozenset[str] | None = frozenset(),
 ) -> VerifyReport:
     """Fold ``events`` and compare each snapshot with the fold at its seq (see the module doc).
 
-    ``reduce`` is the workflow's merge; None leaves the user state out of snapshot comparisons.
-    ``run_status`` is the status stored on the run row, checked against the folded one.
+    ``reduce`` is the merge of user state (the workflow's, or one rebuilt from the run's record);
+    ``unknown_fields`` the state fields it cannot reproduce, left out of snapshot comparisons (None:
+    all of them, as when ``reduce`` is None). ``run_status`` is the status stored on the run row,
+    checked against the folded one.
     """
     problems: list[VerifyProblem] = []
     notes: list[str] = []
     if reduce is None:
-        notes.append("the run's workflow is not importable here: snapshots' user state was not compared "
-                     "(its reducers are needed to fold it); everything else was")
+        unknown_fields = None
+    if unknown_fields is None:
+        notes.append("the run's workflow is not registered here and the run does not record its reducers: "
+                     "snapshots' user state was not compared; everything else was")
+    elif unknown_fields:
+        notes.append("the run's workflow is not registered here: state fields "
+                     + ", ".join(sorted(unknown_fields)) + " were not compared (their reducers are the "
+                     "workflow's own code); everything else was")
     pending = sorted(snapshots, key=lambda s: s.seq)
     last = events[-1].seq if events else 0
     verified = 0
@@ -148,7 +159,7 @@ def verify_journal(
             break
         snap = by_seq.get(seq)
         if snap is not None:
-            found = _compare(snap, folded, with_state=reduce is not None)
+            found = _compare(snap, folded, unknown=unknown_fields)
             if found is not None:
                 problems.append(found)
             elif seq not in bad_hash:
@@ -168,9 +179,9 @@ def verify_journal(
                         problems=tuple(problems), notes=tuple(notes))
 
 
-def _compare(snap: SnapshotRecord, folded: RunState, *, with_state: bool) -> VerifyProblem | None:
+def _compare(snap: SnapshotRecord, folded: RunState, *, unknown: frozenset[str] | None) -> VerifyProblem | None:
     expected_text = codec.canonical_dumps(folded.to_json())
-    if with_state and snap.state == expected_text:
+    if unknown is not None and not unknown and snap.state == expected_text:
         return None
     try:
         stored = codec.loads(snap.state)
@@ -183,9 +194,13 @@ def _compare(snap: SnapshotRecord, folded: RunState, *, with_state: bool) -> Ver
         stored = codec.loads(codec.canonical_dumps(RunState.from_json(stored).to_json()))
     except TypeError:
         pass  # fields this version does not know: the diff below names them
-    if not with_state:
+    if unknown is None:
         stored = {k: v for k, v in stored.items() if k != "state"}
         expected.pop("state", None)
+    elif unknown:
+        for side in (stored, expected):
+            if isinstance(side.get("state"), dict):
+                side["state"] = {k: v for k, v in side["state"].items() if k not in unknown}
     differences = _diff(stored, expected, "")
     if not differences:
         return None

@@ -5,6 +5,11 @@ before it reaches the terminal: an LLM's output can hold escape sequences that w
 Exit codes: 0 done, 1 the operation failed (unknown run, unwritable file, ...), 2 bad usage, and 3
 for ``verify`` when the run does not verify (so a script can tell "it lies" from "I could not
 look").
+
+``show``, ``history``, ``verify``, ``report`` and ``gc`` import no code, not even a configured
+app (invariant 11): a run's state is read from its newest verified snapshot and the events after
+it, and ``show`` says how it was read. Only ``fork`` loads the app (it starts a run, and may
+drive it with ``--run``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.payload import codec
-from orchestrator.cli.common import CommandError, UsageError, add_progress_flag, open_orchestrator, parse_duration
+from orchestrator.cli.common import (
+    CommandError,
+    UsageError,
+    add_app_flag,
+    add_progress_flag,
+    open_orchestrator,
+    open_reader,
+    parse_duration,
+)
 from orchestrator.audit.describe import details, headline
 from orchestrator.audit.summary import RunSummary
 from orchestrator.cli.term import clip, json_line, safe, table, when
@@ -38,7 +51,7 @@ def _ms(value: float | None) -> str:
 
 # -- show ------------------------------------------------------------------------------------------
 def cmd_show(args: argparse.Namespace) -> int:
-    with open_orchestrator(args) as orc:
+    with open_reader(args) as orc:
         s = orc.summary(args.run_id)
     if args.json:
         print(json_line(_plain(s.to_json())))
@@ -51,8 +64,7 @@ def _show_lines(s: RunSummary, *, limit: int | None) -> list[str]:
     took = "-" if s.duration is None else f"{s.duration:.3f}s"
     out = [
         f"run {safe(s.run_id)}  {s.status}",
-        f"workflow {safe(s.workflow)}  version {safe(s.version)}  graph {s.fingerprint[:12]}"
-        + (f"  target {safe(s.target)}" if s.target else ""),
+        f"workflow {safe(s.workflow)}  version {safe(s.version)}  graph {s.fingerprint[:12]}",
         f"created {when(s.created_at)} UTC  finished {when(s.finished_at)}{' UTC' if s.finished_at else ''}"
         f"  took {took}{'' if s.finished_at else ' so far'}  in steps {s.step_ms / 1000:.3f}s",
         f"events {s.events}  step executions {len(s.executions)}  retries {s.retries}  effects {len(s.effects)}"
@@ -105,6 +117,8 @@ def _show_lines(s: RunSummary, *, limit: int | None) -> list[str]:
         out += ["", "RECOVERIES"]
         rows = [[r["seq"], when(r["at"]), r.get("owner"), r.get("snapshot_seq"), r.get("replayed")] for r in s.resumes]
         out.append(table(["SEQ", "WHEN (UTC)", "OWNER", "FROM SNAPSHOT", "REPLAYED"], rows))
+    if s.state_source:
+        out += ["", f"STATE ({safe(s.state_source)})", clip(codec.dumps(s.state), 2000)]
     out.extend(f"note: {safe(n)}" for n in s.notes)
     return out
 
@@ -122,7 +136,7 @@ def _outcome_detail(x: Any) -> str:
 
 # -- history ---------------------------------------------------------------------------------------
 def cmd_history(args: argparse.Namespace) -> int:
-    with open_orchestrator(args) as orc:
+    with open_reader(args) as orc:
         events = orc.history(args.run_id, after=args.after, until=args.until)
     if args.json:
         for e in events:
@@ -150,7 +164,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 # -- verify ----------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
-    with open_orchestrator(args) as orc:
+    with open_reader(args) as orc:
         report = orc.verify(args.run_id)
     if args.json:
         print(json_line(report.to_json()))
@@ -161,7 +175,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # -- fork ------------------------------------------------------------------------------------------
 def cmd_fork(args: argparse.Namespace) -> int:
-    with open_orchestrator(args) as orc:
+    with open_orchestrator(args, app=True) as orc:
         new_id = orc.fork(args.run_id, from_step=args.from_step, run_id=args.new_run_id)
         first = orc.history(new_id)[0]["data"]
         result = orc.resume(new_id) if args.run else None
@@ -184,7 +198,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 # -- report ----------------------------------------------------------------------------------------
 def cmd_report(args: argparse.Namespace) -> int:
-    with open_orchestrator(args) as orc:
+    with open_reader(args) as orc:
         html = orc.report_html(args.run_id)
     from orchestrator.audit.report import write_report
 
@@ -207,7 +221,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise UsageError("gc needs --keep-snapshots K and/or --older-than DURATION")
     if args.keep_snapshots is not None and args.keep_snapshots < 0:
         raise UsageError("--keep-snapshots must be >= 0")
-    with open_orchestrator(args) as orc:
+    with open_reader(args) as orc:
         report = orc.gc(keep_snapshots=args.keep_snapshots, older_than=older, dry_run=args.dry_run)
     if args.json:
         print(json_line(report.to_json()))
@@ -246,6 +260,7 @@ def add_audit_verbs(verb: Verb) -> None:
                    help="the step to start from (its latest execution in RUN)")
     p.add_argument("--run-id", dest="new_run_id", metavar="ID", help="the new run's id (default: generated)")
     p.add_argument("--run", action="store_true", help="drive the new run to its end now")
+    add_app_flag(p)
     add_progress_flag(p)
 
     p = verb("report", cmd_report, "write a self-contained HTML report of a run")

@@ -1,7 +1,15 @@
 """What every CLI verb module shares: its two error kinds, argument parsing and opening the engine.
 
-Kept apart from ``cli.py`` so the verb modules (``cli.py`` for running, ``_cli_audit.py`` for
-reading) can both import it without importing each other.
+Kept apart from ``main.py`` so the verb modules (``main.py`` for running, ``audit.py`` for
+reading, ``ops.py`` for workers and queues) can all import it without importing each other.
+
+Two ways to open the engine, one per kind of verb:
+
+- ``open_orchestrator(args, app=True)`` for verbs that drive runs: the app (``--app``,
+  ``AGENTSAGA_APP`` or the project config, see ``config.py``) is imported and registered, and the
+  config's redaction settings apply;
+- ``open_reader(args)`` for verbs that only read: nothing is imported, and a SQLite file that does
+  not exist is an error instead of a new empty database.
 """
 
 from __future__ import annotations
@@ -9,16 +17,22 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from orchestrator._orchestrator import Orchestrator
+from orchestrator.cli.config import ProjectConfig, app_source, load_config
 from orchestrator.cli.progress import Progress
+from orchestrator.engine.loader import load_app, load_target, split_spec
+from orchestrator.errors import WorkflowNotFoundError
+from store import default_url
+from workflows import Workflow
 
 __all__ = ["UsageError", "CommandError", "parse_time", "parse_json", "parse_duration", "open_orchestrator",
-           "add_progress_flag"]
+           "open_reader", "add_progress_flag", "add_app_flag", "app_workflows", "project_config", "resolve_target"]
 
 
 class UsageError(Exception):
@@ -62,10 +76,83 @@ def parse_duration(text: str | None, what: str) -> float | None:
     return float(found.group(1)) * _UNIT[found.group(2)]
 
 
-def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = ()) -> Orchestrator:
-    """The Orchestrator a verb works with; progress lines on when asked or when stderr is a terminal."""
+def project_config(args: argparse.Namespace) -> ProjectConfig:
+    """The project config in effect (read once per command; it is only TOML, never code)."""
+    config = getattr(args, "_config", None)
+    if config is None:
+        config = load_config()
+        args._config = config
+    return config
+
+
+def app_workflows(args: argparse.Namespace) -> list[Workflow]:
+    """The workflows of the app named by ``--app`` (or positional app specs), ``AGENTSAGA_APP`` or the
+    project config; empty when none is named anywhere."""
+    config = project_config(args)
+    source = app_source(getattr(args, "app", None), config)
+    if source is None:
+        return []
+    found: list[Workflow] = []
+    for spec in source.specs:
+        try:
+            found += [wf for wf in load_app(spec, base=source.base) if not any(wf is f for f in found)]
+        except WorkflowNotFoundError as exc:
+            raise WorkflowNotFoundError(f"{exc} (app named by {source.origin})") from exc
+    return found
+
+
+def resolve_target(args: argparse.Namespace) -> tuple[Workflow, list[Workflow]]:
+    """The workflow ``run`` / ``enqueue`` were told to start, and the others to register with it.
+
+    ``module:attr`` or ``file.py:attr`` is imported as named; a bare name is first looked up among
+    the app's workflows (``--app``, ``AGENTSAGA_APP``, the project config), then imported as a
+    module or file that must define exactly one workflow."""
+    spec = args.target
+    if split_spec(spec)[1] is not None:
+        return load_target(spec), []
+    app = app_workflows(args)
+    for wf in app:
+        if wf.name == spec:
+            return wf, app
+    looks_like_code = spec.endswith(".py") or "/" in spec or "." in spec
+    if not looks_like_code:
+        known = ", ".join(sorted(repr(w.name) for w in app)) or "none: no app is named"
+        raise UsageError(f"no workflow named {spec!r} in the app (its workflows: {known}); name it as "
+                         "module:attr or file.py:attr, or name the app with --app, AGENTSAGA_APP or agentsaga.toml")
+    found = load_app(spec)
+    if len(found) != 1:
+        names = ", ".join(repr(w.name) for w in found)
+        raise UsageError(f"{spec!r} defines {len(found)} workflows ({names}); name one as '{spec}:attr'")
+    return found[0], app
+
+
+def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *, app: bool = False) -> Orchestrator:
+    """The Orchestrator a verb that writes works with: ``workflows`` plus, with ``app``, the app's;
+    the project config's redaction; progress lines on when asked or when stderr is a terminal."""
+    config = project_config(args)
+    registered = list(workflows)
+    if app:
+        registered += [wf for wf in app_workflows(args) if not any(wf is w for w in registered)]
     progress = getattr(args, "progress", False) or (hasattr(args, "progress") and sys.stderr.isatty())
-    return Orchestrator(args.db, workflows=workflows, observers=[Progress(sys.stderr)] if progress else ())
+    return Orchestrator(args.db, workflows=registered, redact=config.redact_patterns,
+                        redact_fields=config.redact_fields, observers=[Progress(sys.stderr)] if progress else ())
+
+
+def open_reader(args: argparse.Namespace) -> Orchestrator:
+    """The Orchestrator a reading verb works with: no workflow, no app imported (invariant 11)."""
+    url = args.db or default_url()
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+        path = url[len("sqlite:///"):].split("?", 1)[0]
+        if path and not os.path.exists(path):
+            raise CommandError(f"no database at {path!r} (working directory {os.getcwd()!r}); "
+                               "pass --db URL or set AGENTSAGA_DB")
+    return Orchestrator(args.db)
+
+
+def add_app_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--app", action="append", metavar="MODULE",
+                        help="import this module (or file.py, or either with :attr) and drive runs of the workflows "
+                             "it defines (repeat for several; default: $AGENTSAGA_APP, else app in agentsaga.toml)")
 
 
 def add_progress_flag(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,15 @@
 """The ``agentsaga`` command line: verbs over the same engine as the library.
 
-Every verb takes ``--db URL`` (default: ``AGENTSAGA_DB``, else a SQLite file in the working
-directory). Errors are one line on stderr and a non-zero exit (1 for a failed operation, 2 for bad
-usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json``.
+``--db URL`` (default: ``AGENTSAGA_DB``, else a SQLite file in the working directory) and
+``--debug`` go before or after the verb: ``agentsaga --db URL runs`` and ``agentsaga runs --db URL``
+are the same. Errors are one line on stderr and a non-zero exit (1 for a failed operation, 2 for
+bad usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json``.
+
+Which code runs (invariant 11): verbs that drive runs (resume, recover, cancel, compensate,
+rollback, fork, worker) drive only workflows of the app named with ``--app``, ``AGENTSAGA_APP`` or
+the project config (``config.py``); ``run`` and ``enqueue`` take the workflow a person names
+(``module:attr``, ``file.py:attr``, or a workflow name of the app). A database row never names
+code to import. Reading verbs (runs, show, history, verify, report, stats, gc) import nothing.
 """
 
 from __future__ import annotations
@@ -17,11 +24,12 @@ from typing import Any
 
 from orchestrator.payload import codec
 from orchestrator.cli.audit import add_audit_verbs
-from orchestrator.cli.common import CommandError, UsageError, add_progress_flag
+from orchestrator.cli.common import CommandError, UsageError, add_app_flag, add_progress_flag, resolve_target
 from orchestrator.cli.common import open_orchestrator as _orchestrator
+from orchestrator.cli.common import open_reader
 from orchestrator.cli.common import parse_json as _parse_json
 from orchestrator.cli.common import parse_time as _parse_time
-from orchestrator.engine.loader import load_target
+from orchestrator.cli.config import ConfigError
 from orchestrator.engine.result import RunResult
 from orchestrator.cli.term import json_line, safe, table, when
 from orchestrator.errors import OrchestratorError
@@ -33,8 +41,11 @@ __all__ = ["main", "build_parser"]
 
 def _result_json(res: RunResult) -> dict[str, Any]:
     state = res.state.model_dump() if hasattr(res.state, "model_dump") else res.state
-    return {"run_id": res.run_id, "workflow": res.workflow, "status": res.status, "seq": res.seq,
-            "error": res.error, "state": json.loads(codec.dumps(state))}
+    out = {"run_id": res.run_id, "workflow": res.workflow, "status": res.status, "seq": res.seq,
+           "error": res.error, "state": json.loads(codec.dumps(state))}
+    if res.note:
+        out["note"] = res.note
+    return out
 
 
 def _print_result(res: RunResult, as_json: bool) -> None:
@@ -46,6 +57,8 @@ def _print_result(res: RunResult, as_json: bool) -> None:
         print(f"error: {safe(res.error)}")
     state = res.state.model_dump() if hasattr(res.state, "model_dump") else res.state
     print("state: " + safe(codec.dumps(state)))
+    if res.note:  # read without the workflow's code: say how
+        print(f"note: {safe(res.note)}")
 
 
 def _exit_code(res: RunResult) -> int:
@@ -54,7 +67,7 @@ def _exit_code(res: RunResult) -> int:
 
 # -- verbs ---------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    wf = load_target(args.target)
+    wf, others = resolve_target(args)
     if args.input_file:
         try:
             with open(args.input_file, encoding="utf-8") as fh:
@@ -63,21 +76,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot read --input-file {args.input_file!r}: {exc.strerror}") from None
     else:
         payload = _parse_json(args.input, "--input") if args.input else {}
-    with _orchestrator(args, [wf]) as orc:
+    with _orchestrator(args, [wf, *[o for o in others if o is not wf]]) as orc:
         res = orc.run(wf, payload, run_id=args.run_id)
     _print_result(res, args.json)
     return _exit_code(res)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    with _orchestrator(args) as orc:
+    with _orchestrator(args, app=True) as orc:
         res = orc.resume(args.run_id, allow_graph_change=args.allow_graph_change or None)
     _print_result(res, args.json)
     return _exit_code(res)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    with _orchestrator(args) as orc:
+    with _orchestrator(args, app=True) as orc:
+        if not orc.workflows.names():  # it could only take leases it must give back
+            raise UsageError("recover needs the workflows it may drive: name their module with --app MODULE, "
+                             "AGENTSAGA_APP or app = \"...\" in agentsaga.toml")
         results = orc.recover(limit=args.limit)
     if args.json:
         for res in results:
@@ -91,7 +107,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    with _orchestrator(args) as orc:
+    with _orchestrator(args, app=True) as orc:
         res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
     _print_result(res, args.json)
     return 0
@@ -107,7 +123,7 @@ def cmd_signal(args: argparse.Namespace) -> int:
 
 
 def cmd_compensate(args: argparse.Namespace) -> int:
-    with _orchestrator(args) as orc:
+    with _orchestrator(args, app=True) as orc:
         res = orc.compensate(args.run_id)
     _print_result(res, args.json)
     return 0 if res.status == "compensated" else 1
@@ -118,7 +134,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     payload = _parse_json(args.input, "--input") if args.input else None
     if payload is not None and not isinstance(payload, dict):
         raise UsageError("--input must be a JSON object (it is merged into the checkpoint's state)")
-    with _orchestrator(args) as orc:
+    with _orchestrator(args, app=True) as orc:
         res = orc.rollback(args.run_id, to=to, input=payload, next_step=args.next)
     _print_result(res, args.json)
     return _exit_code(res)
@@ -135,9 +151,10 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     status = [s for part in args.status for s in part.split(",") if s] if args.status else None
-    with _orchestrator(args) as orc:
-        runs = orc.list_runs(status=status, workflow=args.workflow, since=_parse_time(args.since),
-                             until=_parse_time(args.until), limit=args.limit, offset=args.offset)
+    since, until = _parse_time(args.since), _parse_time(args.until)
+    with open_reader(args) as orc:
+        runs = orc.list_runs(status=status, workflow=args.workflow, since=since, until=until, limit=args.limit,
+                             offset=args.offset)
     if args.json:
         for rec in runs:
             print(json_line(_run_json(rec)))
@@ -156,25 +173,35 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 # -- parser --------------------------------------------------------------------------------------
+def _global_options(*, at_verb: bool) -> argparse.ArgumentParser:
+    """``--db`` and ``--debug``, accepted before the verb and after it. After it their defaults are
+    SUPPRESS: a sub-parser writes its defaults over the namespace the main parser filled, so a
+    default there would erase ``agentsaga --db URL VERB``'s URL."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--db", metavar="URL", default=argparse.SUPPRESS if at_verb else None,
+                         help="database URL (default: $AGENTSAGA_DB, else sqlite:///agentsaga.db)")
+    options.add_argument("--debug", action="store_true", default=argparse.SUPPRESS if at_verb else False,
+                         help="show tracebacks on errors")
+    return options
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", metavar="URL", default=None,
-                        help="database URL (default: $AGENTSAGA_DB, else sqlite:///agentsaga.db)")
-    common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    at_verb = _global_options(at_verb=True)
     parser = argparse.ArgumentParser(prog="agentsaga", description="Durable, auditable agent runs.",
-                                     parents=[common])
+                                     parents=[_global_options(at_verb=False)])
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
     def verb(name: str, func: Callable[[argparse.Namespace], int], help: str, json_flag: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, parents=[common])
+        p = sub.add_parser(name, help=help, description=help, parents=[at_verb])
         if json_flag:
             p.add_argument("--json", action="store_true", help="print data as JSON")
         p.set_defaults(func=func)
         return p
 
     p = verb("run", cmd_run, "start a workflow run and drive it to the end")
-    p.add_argument("target", help="the workflow: module:attr or path/to/file.py:attr")
+    p.add_argument("target", help="the workflow: module:attr, path/to/file.py:attr, or a workflow name of the app")
+    add_app_flag(p)
     p.add_argument("--input", metavar="JSON", help="the run's input as a JSON object")
     p.add_argument("--input-file", metavar="FILE", help="read the input JSON from a file")
     p.add_argument("--run-id", metavar="ID", help="choose the run id (a second run with it continues the first)")
@@ -183,16 +210,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("resume", cmd_resume, "continue an interrupted run now (takes its lease over)")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--allow-graph-change", action="store_true", help="continue even if the workflow graph changed")
+    add_app_flag(p)
     add_progress_flag(p)
 
     p = verb("recover", cmd_recover, "resume every interrupted run whose lease has expired")
     p.add_argument("--limit", type=int, default=None, help="recover at most N runs")
+    add_app_flag(p)
     add_progress_flag(p)
 
     p = verb("cancel", cmd_cancel, "cancel a run that has not finished")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--reason", default=None)
     p.add_argument("--compensate", action="store_true", help="undo the run's completed effects first")
+    add_app_flag(p)
     add_progress_flag(p)
 
     p = verb("signal", cmd_signal, "send a signal (e.g. a human's approval) to a run", json_flag=False)
@@ -202,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("compensate", cmd_compensate, "retry the remaining compensations of a compensation_failed run")
     p.add_argument("run_id", metavar="RUN")
+    add_app_flag(p)
     add_progress_flag(p)
 
     p = verb("rollback", cmd_rollback, "undo the effects after a checkpoint and continue the run from it")
@@ -209,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, help="a journal seq at a tick boundary, or a step name")
     p.add_argument("--input", metavar="JSON", help="merged into the checkpoint's state")
     p.add_argument("--next", metavar="STEP", help="force the step the run continues with")
+    add_app_flag(p)
     add_progress_flag(p)
 
     p = verb("runs", cmd_runs, "list runs, newest first")
@@ -230,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:
         print(f"agentsaga: error: {safe(exc)}", file=sys.stderr)
         return 2
     except (OrchestratorError, StoreError, WorkflowError, CommandError) as exc:

@@ -1,13 +1,19 @@
 """The CLI's operations verbs: ``worker``, ``enqueue``, ``stats`` and ``retry``.
 
-    agentsaga worker app/flows.py:research --concurrency 8 --queue default --queue urgent
-    agentsaga enqueue app/flows.py:research --input '{"question": "..."}' --queue urgent --dedup-key q-42
+    agentsaga worker mypkg.agents --concurrency 8 --queue default --queue urgent
+    agentsaga enqueue research --input '{"question": "..."}' --queue urgent --dedup-key q-42
     agentsaga stats [--json]
     agentsaga runs --status dead        # (the runs verb) then:  agentsaga retry RUN
 
-``worker`` runs until SIGTERM or SIGINT, then stops claiming, lets in-flight runs finish for
-``--drain`` seconds, hands the rest back and exits 0. Bad settings (a limit of 0, a malformed
-rate, an unknown option) are exit 2 before anything starts.
+``worker`` drives runs of the workflows of the app it is given: positional modules or files
+(``mypkg.agents``, ``flows.py``, either with ``:attr``), ``--app``, else ``AGENTSAGA_APP``, else
+the project config (``config.py``). A run of any other workflow is left for a worker that has it;
+a worker is never told by the database what to import (invariant 11). It runs until SIGTERM or
+SIGINT, then stops claiming, lets in-flight runs finish for ``--drain`` seconds, hands the rest back
+and exits 0. Bad settings (a limit of 0, a malformed rate, an unknown option, no app anywhere) are
+exit 2 before anything starts.
+
+``stats`` only reads: it imports nothing.
 """
 
 from __future__ import annotations
@@ -18,10 +24,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.cli.common import UsageError, open_orchestrator, parse_json
+from orchestrator.cli.common import (
+    UsageError,
+    add_app_flag,
+    app_workflows,
+    open_orchestrator,
+    open_reader,
+    parse_json,
+    project_config,
+    resolve_target,
+)
 from orchestrator.scale.deadletter import DEFAULT_MAX_FAILURES
 from orchestrator.scale.limits import Limits, QueueLimit, parse_count, parse_rate
-from orchestrator.engine.loader import load_target
 from orchestrator.audit.stats import Stats
 from orchestrator.cli.term import json_line, safe, table
 from orchestrator.errors import ConfigurationError
@@ -56,10 +70,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per tool call drowns what matters
+    args.app = [*(args.targets or ()), *(args.app or ())]
+    workflows = app_workflows(args)
+    if not workflows:
+        raise UsageError("a worker needs the workflows it may drive: name their module (agentsaga worker "
+                         "mypkg.agents), or set AGENTSAGA_APP, or app = \"...\" in agentsaga.toml")
+    config = project_config(args)
     try:
-        worker = Worker(args.db, args.targets, concurrency=args.concurrency, queues=args.queue or None,
+        worker = Worker(args.db, workflows, concurrency=args.concurrency, queues=args.queue or None,
                         lease_ttl=args.lease_ttl, heartbeat=args.heartbeat, poll=args.poll, limits=limits,
-                        max_failures=args.max_failures, drain=args.drain, tracing=args.otel)
+                        max_failures=args.max_failures, drain=args.drain, tracing=args.otel,
+                        redact=config.redact_patterns, redact_fields=config.redact_fields)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
     worker.run()
@@ -67,7 +88,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    wf = load_target(args.target)
+    wf, _ = resolve_target(args)
     payload = parse_json(args.input, "--input") if args.input else {}
     with open_orchestrator(args, [wf]) as orc:
         try:
@@ -85,7 +106,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with open_orchestrator(args) as orc:
+    with open_reader(args) as orc:
         stats = orc.stats(runs=args.runs)
     print(json_line(stats.to_json()) if args.json else format_stats(stats))
     return 0
@@ -125,9 +146,10 @@ def add_ops_verbs(sub: Any, verb: Verb) -> None:
     """Register the verbs with ``build_parser``'s ``verb`` helper (``sub`` is its subparsers object)."""
     p = verb("worker", cmd_worker, "claim runs and drive them until SIGTERM (scale out: run several)",
              json_flag=False)
-    p.add_argument("targets", nargs="*", metavar="TARGET",
-                   help="workflows to import (module:attr or path/to/file.py:attr); runs of others are driven "
-                        "if their recorded target imports")
+    p.add_argument("targets", nargs="*", metavar="APP",
+                   help="the app: modules or files whose workflows this worker drives (module, file.py, or either "
+                        "with :attr); default: --app, $AGENTSAGA_APP, else app in agentsaga.toml")
+    add_app_flag(p)
     p.add_argument("--concurrency", type=_positive_int, default=4, help="runs driven at once (default 4)")
     p.add_argument("--queue", action="append", metavar="Q", help="serve only this queue (repeat; default: all)")
     p.add_argument("--lease-ttl", type=_seconds, default=None, metavar="S", help="lease length (default 30)")
@@ -151,7 +173,8 @@ def add_ops_verbs(sub: Any, verb: Verb) -> None:
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
     p = verb("enqueue", cmd_enqueue, "put a run on a queue for workers (prints its run id)")
-    p.add_argument("target", help="the workflow: module:attr or path/to/file.py:attr")
+    p.add_argument("target", help="the workflow: module:attr, path/to/file.py:attr, or a workflow name of the app")
+    add_app_flag(p)
     p.add_argument("--input", metavar="JSON", help="the run's input as a JSON object")
     p.add_argument("--queue", default="default", help="queue name (default: default)")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")

@@ -11,6 +11,7 @@ facade adds the sync API, the tools and the audit reads on top.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -31,7 +32,7 @@ from orchestrator.engine.fold import RunState, fold
 from orchestrator.engine.graph_changes import graph_differences
 from orchestrator.engine.journal import ActiveRun, JournalWriter, Observer
 from orchestrator.engine.leases import Heartbeat
-from orchestrator.engine.loader import target_of
+from orchestrator.engine.reading import read_state, recorded_reducers
 from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.result import RunResult
 from orchestrator.engine.saga import SagaRunner, has_pending_effects
@@ -101,21 +102,23 @@ class Engine:
         if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
             raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")
         rid = run_id or uuid.uuid4().hex
+        # The run names its workflow, never where its code lives (invariant 11); the reducer kinds
+        # let a reader without the code fold the state right (engine/reading.py).
         data = {
             "workflow": wf.name, "version": wf.version, "fingerprint": wf.fingerprint, "graph": wf.describe(),
-            "target": target_of(wf), "input": wf.initial_state(input), "start": start or wf.start_steps,
+            "reducers": recorded_reducers(wf), "input": wf.initial_state(input), "start": start or wf.start_steps,
         }
         if parent is not None:
             data["parent"] = parent
         what = (f"fork of run {parent['run_id']!r} at step {parent['step']!r}" if parent
                 else f"input of workflow {wf.name!r}")
-        text = codec.dumps(data, what=what)
+        text = self.journal.redact(codec.dumps(data, what=what))  # the input is a door too (invariant 9)
         cfg = self.config
         now = cfg.clock()
         try:
             token = self.store.create_run(
                 run_id=rid, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
-                target=data["target"] or "", created_at=now, status="running" if lease else "pending",
+                target="", created_at=now, status="running" if lease else "pending",
                 events=[NewEvent(seq=1, kind=EventKind.RUN_STARTED, data=text, at=now)],
                 lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
                 parent_run_id=parent["run_id"] if parent else None,
@@ -143,11 +146,15 @@ class Engine:
         return restore_run(self.store, run_id, wf.reduce)
 
     def result(self, run_id: str) -> RunResult:
-        """The run's current status and folded state, without driving it."""
+        """The run's current status and folded state, without driving it. Without its workflow
+        registered, the state is read without code and ``note`` says how (engine/reading.py)."""
         rec = self.store.get_run(run_id)
         wf = self.workflows.for_run(rec, required=False)
-        folded, _, _ = self.restore(run_id, wf)
-        return make_result(run_id, wf, folded, status=rec.status)
+        reading = read_state(self.store, run_id, wf)
+        if wf is not None:
+            return make_result(run_id, wf, reading.folded, status=rec.status)
+        result = make_result(run_id, None, reading.folded, status=rec.status, note=reading.describe())
+        return dataclasses.replace(result, workflow=rec.workflow)
 
     # -- driving ---------------------------------------------------------------------------------
     async def drive(self, run: ActiveRun) -> RunResult:
@@ -316,7 +323,7 @@ class Engine:
             raise RunStateError(f"a signal needs a name, got {name!r}")
         # Any name is accepted at any moment: a signal for a wait the run has not reached yet is kept
         # until a step waits for it (and then consumed exactly once).
-        text = codec.dumps(data, what=f"data of signal {name!r}")
+        text = self.journal.redact(codec.dumps(data, what=f"data of signal {name!r}"))  # invariant 9
         now = self.config.clock()
         self.store.signals.send(run_id, name, text, now=now)
         if rec.status == "waiting":
@@ -329,7 +336,8 @@ class Engine:
     def snapshot(self, run_id: str) -> int:
         """Write a snapshot of the run now (on demand) and return its seq (see ``Orchestrator.snapshot``)."""
         rec = self.store.get_run(run_id)
-        folded = self.restore(run_id, self.workflows.for_run(rec, required=False))[0]
+        # A snapshot is trusted by recoveries: fold it with the workflow's own reducers, never without.
+        folded = self.restore(run_id, self.workflows.for_run(rec))[0]
         cfg = self.config
         snap = make_snapshot(folded, "on_demand", cfg.clock())
         if any(s.seq == snap.seq for s in self.store.snapshots(run_id)):
@@ -376,7 +384,8 @@ def _held_message(run_id: str, held: LeaseHeldError, now: float) -> str:
             "wait for its lease to expire (`agentsaga recover`).")
 
 
-def make_result(run_id: str, wf: Workflow | None, folded: RunState, *, status: str | None = None) -> RunResult:
+def make_result(run_id: str, wf: Workflow | None, folded: RunState, *, status: str | None = None,
+                note: str | None = None) -> RunResult:
     """A ``RunResult`` from a folded run: the state as the workflow's model when it has one."""
     state: Any = folded.state
     if wf is not None and wf.state_model is not None:
@@ -388,4 +397,4 @@ def make_result(run_id: str, wf: Workflow | None, folded: RunState, *, status: s
     if folded.error:
         error = f"{folded.error.get('type')}: {folded.error.get('message')}"
     return RunResult(run_id=run_id, status=status or folded.status, state=state,
-                     workflow=wf.name if wf else "", seq=folded.seq, error=error)
+                     workflow=wf.name if wf else "", seq=folded.seq, error=error, note=note)

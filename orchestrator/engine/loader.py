@@ -1,8 +1,25 @@
-"""Finding workflows: the ``module:attribute`` target a run records, and loading it back.
+"""Importing the workflows a person named: on the command line, in ``AGENTSAGA_APP`` or in a project
+config. Never what a database row names (invariant 11).
 
-A target is ``package.module:attr`` or ``path/to/file.py:attr``. A workflow defined in a script run
-as ``__main__`` is recorded by its file path (relative to the working directory when it is below
-it), so ``agentsaga resume RUN`` can load it without running the script's main block.
+A stored run names its workflow (name, version, graph fingerprint), never a file or a module: a
+row anyone with write access to the database can change must not decide what code a worker
+imports and runs. So this module has no "where did this run's code come from" function; it only
+loads what it is told to, and the registry (``engine/registry.py``) matches stored runs to
+workflows by name.
+
+Two shapes of spec:
+
+- ``load_target("pkg.mod:attr")`` / ``load_target("path/to/file.py:attr")``: one workflow (``agentsaga
+  run`` and ``enqueue``);
+- ``load_app("pkg.mod")`` / ``load_app("path/to/file.py")`` (or either with ``:attr``): the workflows
+  an application holds (``agentsaga worker``, ``--app``, ``AGENTSAGA_APP``, ``app = ...`` in the
+  config). A module's workflows are the ``Workflow`` objects at its top level, in definition
+  order; ``:attr`` names one workflow or a list of them.
+
+``base`` is the directory relative paths and modules are resolved in (a config file's directory;
+the working directory by default): a file path is joined to it, and it is put first on
+``sys.path`` while a module is imported, so ``app = "agents.flows"`` next to ``agentsaga.toml``
+works from any sub-directory.
 """
 
 from __future__ import annotations
@@ -11,68 +28,119 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import WorkflowNotFoundError
 from workflows import Workflow
 
-__all__ = ["target_of", "load_target"]
+__all__ = ["load_target", "load_app", "split_spec"]
 
 
-def target_of(wf: Workflow) -> str | None:
-    """Where ``wf`` can be imported from, or None when it cannot be found again."""
-    module_name = wf.module
-    module = sys.modules.get(module_name or "")
-    attr = None
-    if module is not None:
-        for name, value in vars(module).items():
-            if value is wf:
-                attr = name
-                break
-    if attr is None:
-        return None
-    if module_name == "__main__" or (module_name or "").startswith("agentsaga_target_"):
-        path = wf.module_file or getattr(module, "__file__", None)
-        if not path:
-            return None
-        p = Path(path).resolve()
-        try:
-            shown = str(p.relative_to(Path.cwd()))
-        except ValueError:
-            shown = str(p)
-        return f"{shown}:{attr}"
-    return f"{module_name}:{attr}"
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """``("pkg.mod", "attr")`` for ``pkg.mod:attr``; ``(spec, None)`` when no attribute is named
+    (what follows the last ``:`` is not a name, as in a Windows path ``C:\\flows.py``)."""
+    where, colon, attr = spec.strip().rpartition(":")
+    if colon and where and attr.isidentifier():
+        return where, attr
+    return spec.strip(), None
 
 
-def load_target(target: str) -> Workflow:
-    """Import ``module:attr`` or ``file.py:attr`` and return the Workflow it names."""
-    if ":" not in target:
-        raise WorkflowNotFoundError(f"workflow target {target!r} must look like 'module:attr' or 'file.py:attr'")
-    where, _, attr = target.rpartition(":")
+def _split(spec: str, what: str) -> tuple[str, str | None]:
+    if not isinstance(spec, str) or not spec.strip():
+        raise WorkflowNotFoundError(f"{what} must be a module, a file.py, or either with ':attr'; got {spec!r}")
+    return split_spec(spec)
+
+
+def _is_path(where: str) -> bool:
+    return where.endswith(".py") or os.sep in where or "/" in where
+
+
+def _import(where: str, spec: str, what: str, base: Path | None) -> Any:
     try:
-        if where.endswith(".py") or os.sep in where or "/" in where:
-            module = _load_file(where)
-        else:
-            module = importlib.import_module(where)
+        if _is_path(where):
+            return _load_file(where, base)
+        return _import_module(where, base)
     except WorkflowNotFoundError:
         raise
-    except Exception as exc:  # an import error inside user code: say which target and why
-        raise WorkflowNotFoundError(f"cannot import workflow target {target!r}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # an import error inside user code: say which spec and why
+        raise WorkflowNotFoundError(f"cannot import {what} {spec!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_target(spec: str, *, base: str | os.PathLike[str] | None = None) -> Workflow:
+    """Import ``module:attr`` or ``file.py:attr`` and return the Workflow it names."""
+    where, attr = _split(spec, "workflow target")
+    if attr is None:
+        raise WorkflowNotFoundError(f"workflow target {spec!r} must look like 'module:attr' or 'file.py:attr'")
+    module = _import(where, spec, "workflow target", _base(base))
     value: Any = getattr(module, attr, None)
     if value is None:
-        raise WorkflowNotFoundError(f"workflow target {target!r}: {where!r} has no attribute {attr!r}")
+        raise WorkflowNotFoundError(f"workflow target {spec!r}: {where!r} has no attribute {attr!r}")
     if not isinstance(value, Workflow):
-        raise WorkflowNotFoundError(f"workflow target {target!r} is a {type(value).__name__}, not a Workflow")
+        raise WorkflowNotFoundError(f"workflow target {spec!r} is a {type(value).__name__}, not a Workflow")
     return value
 
 
-def _load_file(path: str) -> Any:
+def load_app(spec: str, *, base: str | os.PathLike[str] | None = None) -> list[Workflow]:
+    """The workflows of an application: every top-level Workflow of a module or file, or what
+    ``:attr`` names (a Workflow or a list of them). An app without any is an error."""
+    where, attr = _split(spec, "app")
+    module = _import(where, spec, "app", _base(base))
+    if attr is None:
+        found = _unique(v for v in vars(module).values() if isinstance(v, Workflow))
+        if not found:
+            raise WorkflowNotFoundError(f"app {spec!r} defines no Workflow at its top level; name one with "
+                                        f"'{where}:attr'")
+        return found
+    value: Any = getattr(module, attr, None)
+    if value is None:
+        raise WorkflowNotFoundError(f"app {spec!r}: {where!r} has no attribute {attr!r}")
+    if isinstance(value, Workflow):
+        return [value]
+    if isinstance(value, (list, tuple, set, frozenset)) and value and all(isinstance(v, Workflow) for v in value):
+        return _unique(value)
+    raise WorkflowNotFoundError(f"app {spec!r} is a {type(value).__name__}, not a Workflow or a list of Workflows")
+
+
+def _unique(values: Iterable[Workflow]) -> list[Workflow]:
+    out: list[Workflow] = []
+    for wf in values:
+        if not any(wf is seen for seen in out):
+            out.append(wf)
+    return out
+
+
+def _base(base: str | os.PathLike[str] | None) -> Path | None:
+    return None if base is None else Path(base)
+
+
+def _import_module(name: str, base: Path | None) -> Any:
+    if base is None:
+        return importlib.import_module(name)
+    entry = str(base.resolve())
+    added = entry not in sys.path
+    if added:
+        sys.path.insert(0, entry)
+    try:
+        return importlib.import_module(name)
+    finally:
+        if added:
+            try:
+                sys.path.remove(entry)
+            except ValueError:
+                pass
+
+
+def _load_file(path: str, base: Path | None) -> Any:
     p = Path(path)
+    if base is not None and not p.is_absolute():
+        p = base / p
     if not p.is_file():
-        raise WorkflowNotFoundError(f"workflow file {path!r} does not exist (working directory {os.getcwd()!r})")
+        where = f"relative to {str(base)!r}" if base is not None else f"working directory {os.getcwd()!r}"
+        raise WorkflowNotFoundError(f"workflow file {path!r} does not exist ({where})")
     resolved = p.resolve()
-    # A stable module name per file, so loading twice gives the same module (and Workflow object).
+    # A stable module name per file, so loading twice gives the same module (and Workflow objects).
     name = "agentsaga_target_" + "".join(c if c.isalnum() else "_" for c in str(resolved))
     if name in sys.modules:
         return sys.modules[name]

@@ -1,14 +1,17 @@
 """The workflows a process knows: registered by name, found again for a stored run.
 
 A run records its workflow's name, version and graph fingerprint; the code that drives it is the
-workflow registered under that name (``Orchestrator(workflows=[...])``, ``register``).
+workflow registered under that name (``Orchestrator(workflows=[...])``, ``register``, or on the
+command line an app named with ``--app``, ``AGENTSAGA_APP`` or ``agentsaga.toml``). Nothing else:
+a run whose workflow is not registered is an error that says how to register it, never a reason
+to import whatever its database row names (invariant 11). Runs written by older versions still
+carry a ``target`` (a module or file path); it is not read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from orchestrator.engine.loader import load_target
 from orchestrator.errors import ConfigurationError, WorkflowNotFoundError
 from store import RunRecord
 from workflows import Workflow
@@ -50,28 +53,17 @@ class WorkflowRegistry:
         return name in self._by_name
 
     def for_run(self, rec: RunRecord, *, required: bool = True) -> Workflow | None:
-        """The workflow that drives ``rec``; None (or ``WorkflowNotFoundError`` when required)."""
+        """The registered workflow that drives ``rec``; None (or ``WorkflowNotFoundError`` when required)."""
         wf = self._by_name.get(rec.workflow)
-        if wf is not None:
+        if wf is not None or not required:
             return wf
-        if rec.target:
-            try:
-                loaded = load_target(rec.target)
-            except WorkflowNotFoundError:
-                if required:
-                    raise
-                return None
-            if loaded.name != rec.workflow:
-                if required:
-                    raise WorkflowNotFoundError(
-                        f"target {rec.target!r} of run {rec.run_id!r} is workflow {loaded.name!r}, not {rec.workflow!r}"
-                    )
-                return None
-            self.register(loaded)
-            return loaded
-        if required:
-            raise WorkflowNotFoundError(
-                f"workflow {rec.workflow!r} of run {rec.run_id!r} is not registered and the run records no import "
-                "target; pass it with Orchestrator(workflows=[...])"
-            )
-        return None
+        raise WorkflowNotFoundError(not_registered(rec, self.names()))
+
+
+def not_registered(rec: RunRecord, known: list[str]) -> str:
+    """Why a run cannot be driven here, and how to register its workflow."""
+    here = f"this process registers {', '.join(map(repr, known))}" if known else "this process registers no workflow"
+    return (f"run {rec.run_id!r} is workflow {rec.workflow!r} version {rec.version!r}, which is not registered "
+            f"({here}). Register it: Orchestrator(workflows=[...]) in code; on the command line --app MODULE, "
+            "AGENTSAGA_APP=MODULE or app = \"MODULE\" in agentsaga.toml (or [tool.agentsaga] in pyproject.toml). "
+            "A run never names code to import (docs/security.md)")

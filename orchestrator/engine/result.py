@@ -16,6 +16,9 @@ class RunResult:
 
     ``state`` is the folded state: a dict, or an instance of the workflow's state model.
     ``error`` is a one-line summary of why the run did not complete (None when it did).
+    ``note`` says how the state was read when it was read without the workflow's code (``result``
+    of a run whose workflow is not registered): from which snapshot, and which fields were merged
+    by replacement because their reducer is the workflow's own.
     """
 
     run_id: str
@@ -24,6 +27,7 @@ class RunResult:
     workflow: str
     seq: int
     error: str | None = None
+    note: str | None = None
 
     @property
     def ok(self) -> bool:

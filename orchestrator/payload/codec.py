@@ -10,8 +10,23 @@ and restored on decode:
 Pydantic / SQLModel models and dataclasses are written as their fields (a dict) and come back as a
 dict; a typed workflow state re-validates them into its model. Enums are written as their value,
 tuples as lists. Anything else (and NaN/infinity, which are not JSON) is an ``EncodingError``
-naming the path of the value and its type. A dict whose only key starts with ``$`` is reserved for
-these tags.
+naming the path of the value and its type.
+
+**The escape.** Any JSON a user returns comes back exactly, including dicts that look like tags
+(``{"$set": {"status": "paid"}}`` is every MongoDB update). On encode, a *user* dict whose only key
+starts with ``$`` is written with one more ``$`` in front of that key; on decode, a single-key dict
+whose key starts with ``$$`` loses one ``$`` and is otherwise left alone::
+
+    {"$set": {"a": 1}}  ->  {"$$set": {"a": 1}}  ->  {"$set": {"a": 1}}
+    {"$$x": 1}          ->  {"$$$x": 1}          ->  {"$$x": 1}
+
+A single-key dict with one ``$`` is a tag when the key is a known tag and is kept as it is
+otherwise. Journals written before the escape still decode as they always did (their tag-shaped
+user dicts were ambiguous then and decode as tags; a ``$$``-keyed single-key dict, which the old
+codec never wrote for a tag, now loses one ``$``).
+
+Escaping costs nothing on the common path: the text is encoded first, and only a text that holds
+``{"$`` at all (a tag, or a user dict to escape) is encoded a second time from an escaped copy.
 """
 
 from __future__ import annotations
@@ -57,10 +72,35 @@ def _default(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if hasattr(value, "model_dump") and not isinstance(value, type):
-        return value.model_dump()
+        return _escape(value.model_dump())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return _escape({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     raise TypeError(f"unencodable:{type(value).__module__}.{type(value).__qualname__}")
+
+
+def _escape(value: Any) -> Any:
+    """A copy of ``value`` in which every user dict whose only key starts with ``$`` has one more ``$``.
+
+    Only dicts, lists and tuples are walked (and copied only where something changes); other values
+    are left for ``_default``, which escapes the dicts it makes from models and dataclasses."""
+    if isinstance(value, dict):
+        changed = False
+        out = {}
+        for k, v in value.items():
+            new = _escape(v)
+            changed = changed or new is not v
+            out[k] = new
+        if len(out) == 1:
+            key = next(iter(out))
+            if isinstance(key, str) and key[:1] == "$":
+                return {"$" + key: out[key]}
+        return out if changed else value
+    if isinstance(value, (list, tuple)):
+        items = [_escape(v) for v in value]
+        if any(a is not b for a, b in zip(items, value)):
+            return items
+        return value
+    return value
 
 
 _DECODERS = {
@@ -79,6 +119,8 @@ def _hook(obj: dict[str, Any]) -> Any:
     if len(obj) == 1:
         key = next(iter(obj))
         if key[:1] == "$":
+            if key[:2] == "$$":  # an escaped user dict (see the module docstring)
+                return {key[1:]: obj[key]}
             decoder = _DECODERS.get(key)
             if decoder is not None:
                 return decoder(obj[key])
@@ -92,20 +134,28 @@ _canonical = json.JSONEncoder(
 _decoder = json.JSONDecoder(object_hook=_hook)
 
 
-def dumps(value: Any, *, what: str = "value") -> str:
-    """Encode for the journal; ``what`` names the value in the error (e.g. "output of step 'plan'")."""
+_MAYBE_TAGGED = '{"$'
+
+
+def _encode(encoder: json.JSONEncoder, value: Any, what: str) -> str:
     try:
-        return _encoder.encode(value)
+        text = encoder.encode(value)
+        if _MAYBE_TAGGED in text:
+            # A tag or a dict that looks like one: encode again from a copy with user dicts escaped.
+            text = encoder.encode(_escape(value))
+        return text
     except (TypeError, ValueError, RecursionError) as exc:
         raise _explain(value, what, exc) from None
+
+
+def dumps(value: Any, *, what: str = "value") -> str:
+    """Encode for the journal; ``what`` names the value in the error (e.g. "output of step 'plan'")."""
+    return _encode(_encoder, value, what)
 
 
 def canonical_dumps(value: Any, *, what: str = "value") -> str:
     """Key-sorted encoding: the same value always gives the same text (snapshot hashes rely on it)."""
-    try:
-        return _canonical.encode(value)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise _explain(value, what, exc) from None
+    return _encode(_canonical, value, what)
 
 
 def loads(text: str) -> Any:

@@ -1,26 +1,70 @@
 """Redaction: secrets never reach the journal (invariant 9). Pure and fast.
 
-What is redacted (replaced by ``"[REDACTED]"``):
+What is redacted (replaced by ``"[REDACTED]"``), in every event, signal, run input and error record
+before it is written:
 
-* headers ``Authorization``, ``Proxy-Authorization``, ``Cookie``, ``Set-Cookie``, ``X-Api-Key``,
-  ``Api-Key``, and any header whose name looks sensitive (below), case-insensitively;
-* JSON object fields, at any depth, whose key looks sensitive: the whole value goes, whatever it is
-  (JSON nested inside a string value, like an LLM tool call's ``arguments``, is parsed and redacted too);
-* query parameters and form fields whose name looks sensitive, and a URL's userinfo password;
-* configured regex patterns anywhere in text (header values, bodies, URLs, error messages), plus
-  two defaults: ``Bearer <token>`` and OpenAI-style ``sk-...`` keys.
+**By name.** JSON object fields at any depth, headers, query parameters and form fields whose
+name is sensitive lose their whole value, whatever it is. Names are compared after camelCase and
+separators are normalised to ``_`` and lower-cased (``clientSecret``, ``X-Api-Key`` and
+``api-key`` read ``client_secret``, ``x_api_key``, ``api_key``). A name is sensitive when
 
-A name "looks sensitive" when one of its words is password, secret, token, api key or
-authorization (``access_token``, ``clientSecret``, ``X-Api-Key``, ``apiKey``). Matching whole
-words rather than substrings is deliberate: an LLM response's ``prompt_tokens`` or
-``max_tokens`` is audit data, not a secret, and must stay readable.
+* one of its words is ``password``, ``passwd``, ``passphrase``, ``secret(s)``, ``authorization``,
+  ``cookie(s)``, ``credential(s)``, or it holds ``api_key`` / ``apikey`` / ``private_key`` /
+  ``secret_key`` / ``access_key`` (``db_password``, ``client_secret``, ``openai_api_key``,
+  ``set_cookie``);
+* it is ``token`` itself, or *ends* in a token of a kind that is a credential: ``access_token``,
+  ``refresh_token``, ``id_token``, ``auth_token``, ``bearer_token``, ``session_token``,
+  ``api_token``, ``csrf_token``/``xsrf_token``, ``oauth_token``, ``security_token``,
+  ``client_token``, ``private_token``, ``secret_token``, ``jwt_token``, ``bot_token``,
+  ``app_token``, ``user_token``, ``service_token``, ``personal_token``, ``github_token``,
+  ``slack_token``, ``npm_token``, ``pypi_token`` (with or without the separator: ``csrftoken``);
+* it is one of the names the user configured (``Redactor(fields=[...])``,
+  ``Orchestrator(redact_fields=[...])``, ``[redact] fields`` in agentsaga.toml), compared the same
+  normalised way.
 
-Bodies are redacted *before* they are truncated for the journal; truncating first could cut a
-secret short of its pattern and let its prefix through.
+Everything else with "token" in its name is ordinary state and stays readable: ``token_count``,
+``next_token`` and ``page_token`` (pagination cursors), ``max_tokens``, ``prompt_tokens``,
+``completion_tokens``, ``tokenizer``, ``access_token_expires_in``. Query parameters also count
+``key``, ``sig`` and ``signature`` (``?key=`` is how many APIs take their key; a signed URL's
+signature is a credential), and headers any name ending in ``-Key``, ``-Token`` or ``-Secret``
+(``X-Functions-Key``, ``Ocp-Apim-Subscription-Key``) but ``Idempotency-Key``, which is ours.
+
+In free text (an exception message, a traceback, a log line a step returned) a sensitive name
+followed by ``=`` or ``:`` loses its value too: ``password=hunter2``, ``'api_key': 'abc'`` and
+``client_secret: xyz`` keep their name and lose the rest (the bare word ``token`` is left out
+here: "token: 5 used" is prose).
+
+**By value**, anywhere in any string (field values, header values, URLs, bodies, error messages,
+tracebacks, model output): ``DEFAULT_PATTERNS`` below (``Bearer`` and ``Basic`` credentials, OpenAI
+``sk-...``, Stripe ``sk_live_...``, AWS ``AKIA...``/``ASIA...`` key ids, GitHub ``ghp_...`` and
+``github_pat_...``, Slack ``xoxb-...``, Google ``AIza...``, JWTs, PEM private key blocks), the
+password of a URL's userinfo (``https://bob:[REDACTED]@host``), the value of a sensitive query
+parameter in any URL (``?api_key=[REDACTED]``), and the user's own patterns
+(``Redactor(patterns=[...])``, ``Orchestrator(redact=[...])``). A ``Basic`` credential is redacted
+only when it decodes to ``user:password``, so "Basic settings" stays.
+
+JSON nested inside a string (an LLM tool call's ``arguments``, an echoed request body) is parsed
+and redacted by field too. Bodies are redacted *before* they are truncated for the journal;
+truncating first could cut a secret short of its pattern and let its prefix through.
+
+**The pre-filter.** Every event passes here, so ``JournalRedactor`` first asks two cheap regexes
+(``Redactor.may_hold_secret``) whether the text could hold a secret at all, and only such a text
+pays for a full parse and redaction; inside that pass each string is asked again, so only the
+strings that may hold one are scanned by every rule. The pre-filter is a superset of the rules
+above built from the same word lists (a property test holds it to that), and it does not fire on
+ordinary words: ``"token_count"``, ``"max_tokens"`` or a trace saying "token" cost nothing extra.
+A custom pattern is searched as given.
+
+Measured per event (``min`` of repeats, this machine): a 150-byte ``StepCompleted`` 2.7 us (the
+old one-word filter: 1.2 us); a model call whose request says ``max_tokens`` and whose usage says
+``prompt_tokens``, 1.1 KB, 10 us (was 97 us: the old filter fired on "token" and paid the full
+pass); 3 KB of prose 36 us (was 42 us); a 1 KB event holding a password 24 us (was 80 us).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -31,70 +75,267 @@ __all__ = ["Redactor", "JournalRedactor", "REDACTED", "DEFAULT_PATTERNS"]
 
 REDACTED = "[REDACTED]"
 
-_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"})
-# Matched after camelCase and separators are normalised to "_": one of these words must stand
-# alone between separators (or the ends). "tokens" is left out on purpose (prompt_tokens).
-_SENSITIVE_NAME = re.compile(r"(?:^|_)(?:password|passwd|secrets?|token|api_?keys?|authorization)(?:_|$)")
+# -- names ----------------------------------------------------------------------------------------
+#: words that make any name holding them sensitive (matched between separators of the normalised name)
+_STRONG_WORDS = ("password", "passwd", "passphrase", "secret", "secrets", "authorization", "cookie", "cookies",
+                 "credential", "credentials", "api_key", "api_keys", "apikey", "apikeys", "private_key",
+                 "secret_key", "access_key")
+#: kinds of token that are credentials: ``<kind>_token`` at the end of a name (``token`` alone too)
+_TOKEN_KINDS = ("access", "refresh", "id", "auth", "bearer", "session", "api", "csrf", "xsrf", "oauth", "security",
+                "client", "private", "secret", "jwt", "bot", "app", "user", "service", "personal", "github", "slack",
+                "npm", "pypi")
+_SENSITIVE_NAME = re.compile(
+    r"(?:^|_)(?:" + "|".join(_STRONG_WORDS) + r")(?:_|$)"
+    r"|(?:^|_)(?:" + "|".join(_TOKEN_KINDS) + r")_?token$"
+    r"|^token$"
+)
+#: extra names that are sensitive as query parameters only (``?key=...``, a signed URL's signature)
+_SENSITIVE_QUERY = re.compile(r"^(?:key|sig|signature)$|_signature$")
+_HEADERS = frozenset({"authorization", "proxy_authorization", "cookie", "set_cookie", "x_api_key", "api_key"})
+_SENSITIVE_HEADER = re.compile(r"_(?:key|token|secret)$")
+_NOT_SECRET_HEADERS = frozenset({"idempotency_key"})
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SEPARATORS = re.compile(r"[^A-Za-z0-9]+")
 
 _NESTED_JSON_LIMIT = 1 << 20  # bytes of a JSON-looking string worth parsing to redact its fields
 
-DEFAULT_PATTERNS: tuple[str, ...] = (
-    r"\b(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}",
-    r"\bsk-[A-Za-z0-9_-]{20,}",
-)
-
 
 def _normalise(name: str) -> str:
-    return _SEPARATORS.sub("_", _CAMEL.sub("_", name)).lower()
+    return _SEPARATORS.sub("_", _CAMEL.sub("_", name)).strip("_").lower()
+
+
+# -- values -----------------------------------------------------------------------------------------
+def _word(first: str, rest: str) -> str:
+    """``\bfirst+rest`` written with the literal first: the regex engine can then skip straight to
+    the positions holding one of the patterns' first characters (12x faster over prose than with
+    ``\b`` in front, measured), and the lookbehind keeps the word boundary."""
+    return f"{re.escape(first)}(?<![A-Za-z0-9_]{re.escape(first)}){rest}"
+
+
+_TOKEN_CHARS = r"\s+[A-Za-z0-9._~+/=-]{8,}"
+#: Key and credential formats redacted anywhere in text (each one whole).
+DEFAULT_PATTERNS: tuple[str, ...] = (
+    _word("B", "earer" + _TOKEN_CHARS), _word("b", "earer" + _TOKEN_CHARS), _word("B", "EARER" + _TOKEN_CHARS),
+    _word("s", r"k-[A-Za-z0-9_-]{20,}"),                                   # OpenAI / Anthropic style keys
+    _word("s", r"k_(?:live|test)_[A-Za-z0-9]{16,}"),                       # Stripe secret keys
+    _word("r", r"k_(?:live|test)_[A-Za-z0-9]{16,}"),                       # Stripe restricted keys
+    _word("A", r"(?:KIA|SIA)[0-9A-Z]{16}\b"),                              # AWS access key ids
+    _word("g", r"h[pousr]_[A-Za-z0-9]{30,}"),                              # GitHub tokens
+    _word("g", r"ithub_pat_[A-Za-z0-9_]{22,}"),                            # GitHub fine-grained tokens
+    _word("x", r"ox[abposr]-[A-Za-z0-9-]{10,}"),                           # Slack tokens
+    _word("A", r"Iza[0-9A-Za-z_-]{35}"),                                   # Google API keys
+    _word("e", r"yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"),  # JWTs
+    # PEM private keys: to their END line, or (a block cut short) through the rest of its base64
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:[^\"]*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s\\]*)",
+)
+# Rules that keep part of what they match or must look before judging, as named groups; one
+# alternation with the default patterns, every alternative starting with a literal, so text is
+# scanned once and fast.
+_BASIC_VALUE = r"\s+(?P<{}>[A-Za-z0-9+/]{{4,}}={{0,2}})(?![A-Za-z0-9+/=])"
+_RULES = (
+    _word("B", "asic" + _BASIC_VALUE.format("basic1")), _word("b", "asic" + _BASIC_VALUE.format("basic2")),
+    _word("B", "ASIC" + _BASIC_VALUE.format("basic3")),
+    r"://(?P<ui_user>[^\s/?#@:\"'<>\\]*):(?P<ui_pw>[^\s/?#@\"'<>\\]+)@",
+    *(f"{re.escape(c)}(?P<q{i}n>[A-Za-z0-9_.\\-\\[\\]]{{1,64}})=(?P<q{i}v>[^&#\\s\"'<>\\\\]+)"
+      for i, c in enumerate("?&;")),
+)
+_DEFAULT_TEXT = re.compile("|".join([*DEFAULT_PATTERNS, *_RULES]))
+_QUERY_GROUPS = {"q0v": "q0n", "q1v": "q1n", "q2v": "q2n"}
+
+# name=value / name: value / 'name': 'value' in free text, for names holding a sensitive word (the
+# callback then judges the whole name); a second pass, so that "Authorization: Bearer xyz" has lost
+# its token to the Bearer pattern before its name is seen.
+# (each alternative starts with a literal, for the same reason as in DEFAULT_PATTERNS)
+_PAIR_WORDS = ("passw", "passphrase", "secret", "authori[sz]ation", "cookie", "credential", r"api[_-]?key", "apikey",
+               r"private[_-]?key", r"access[_-]?key", *(kind + r"[_-]?token" for kind in _TOKEN_KINDS))
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+_PAIR_SEP = re.compile(r"['\"]?[ \t]*[:=][ \t]*['\"]?")
+_PAIR_VALUE = re.compile(r"[^\s'\"&,;{}\[\]()<>\\]+")
+
+
+# The pre-filter: a superset of every rule above, in two small regexes. Names, and the schemes
+# that are case-insensitive, are searched in the lower-cased text; key formats, which are
+# case-sensitive, in the text as it is. Every alternative starts with a literal that is rare in
+# JSON (a lookbehind then checks what comes before it: "passw" is found at its "w"), so the regex
+# engine skips straight to the few positions holding one; this keeps the filter near the old
+# one-word filter's cost with five times the rules. "token" is only a hint where it is a field
+# named exactly token, or a credential kind's token ending a name: "token_count", "max_tokens"
+# and a trace that says "token" cost nothing.
+_KIND_TOKEN = "|".join(f"(?<={k}token)|(?<={k}_token)|(?<={k}-token)" for k in _TOKEN_KINDS)
+_NAME_HINT = re.compile("|".join([
+    r"w(?<=passw)",
+    r"h(?:(?<=passph)rase|(?<=auth)ori[sz]ation)",
+    r"c(?<=sec)ret(?!ar)",
+    r"d(?<=cred)ential",
+    "k(?:" + "|".join([
+        r"(?<=cook)ie",
+        *(f"(?<={w}k)ey" for w in ("api_", "api-", "api", "private_", "private-", "private", "access_", "access-",
+                                   "access")),
+        r"(?<=[?&;]k)ey=",
+        r"(?<=tok)en(?:(?<=[\"?&;]token)(?=\\?\"\s*:|=)|(?![a-z0-9_-])(?:" + _KIND_TOKEN + "))",
+    ]) + ")",
+    "g(?:" + "|".join([r"(?<=[?&;]sig)(?:=|nature=)", r"(?<=[_-]sig)nature="]) + ")",
+    r"b(?:earer|asic)(?:\s|\\[nrt])",  # (in JSON text a tab or newline is an escape)
+    r"/(?<=:/)/[^\s/\"@]*@",
+]))
+_FORMAT_HINT = re.compile("|".join([
+    "k(?:" + "|".join([r"(?<=sk)-[A-Za-z0-9_-]{20}", r"(?<=[rs]k)_(?:live|test)_"]) + ")",
+    "K" + r"(?<=AK)IA[0-9A-Z]{16}",
+    "S" + r"(?<=AS)IA[0-9A-Z]{16}",
+    "z" + r"(?<=AIz)a",
+    "h(?:" + "|".join([r"(?<=gh)[pousr]_[A-Za-z0-9]{30}", r"(?<=gith)ub_pat_"]) + ")",
+    r"xox[abposr]-",
+    "J" + r"(?<=eyJ)[A-Za-z0-9_-]{8,}\.",
+    "G" + r"(?<=-----BEG)IN ",
+]))
+#: "Basic" is an ordinary word too: a hint only when base64 with a case change, digit or padding follows
+_BASIC_HINT = re.compile(r"(?i:basic)(?:\s|\\[nrt])+[A-Za-z0-9+/]*(?:[a-z0-9+/][A-Z0-9+/=]|=)")
 
 
 class Redactor:
     """Redacts headers, URLs, JSON values and text. Instances are immutable and thread-safe.
 
     ``patterns``: extra regexes (strings or compiled) redacted anywhere in text.
-    ``fields``: extra field/parameter/header names to redact (exact, case-insensitive).
-    ``defaults=False`` drops ``DEFAULT_PATTERNS`` (the header and name rules always apply).
+    ``fields``: extra field/parameter/header names to redact (compared normalised, so ``"ssn"``
+    also matches ``SSN`` and ``bankAccount`` matches ``bank_account``).
+    ``defaults=False`` drops ``DEFAULT_PATTERNS`` and the URL rules (the name rules always apply).
     """
 
     def __init__(self, *, patterns: Iterable[str | re.Pattern[str]] = (), fields: Iterable[str] = (),
                  defaults: bool = True, replacement: str = REDACTED) -> None:
-        sources = [*(DEFAULT_PATTERNS if defaults else ()), *patterns]
+        if isinstance(patterns, (str, re.Pattern)):
+            raise ValueError(f"Redactor: patterns must be a list of regexes, got the single pattern {patterns!r}")
+        if isinstance(fields, str):
+            raise ValueError(f"Redactor: fields must be a list of names, got the single name {fields!r}")
         compiled = []
-        for p in sources:
+        for p in patterns:
             try:
                 compiled.append(p if isinstance(p, re.Pattern) else re.compile(p))
-            except re.error as exc:
+            except (re.error, TypeError) as exc:
                 raise ValueError(f"Redactor: pattern {p!r} is not a valid regex: {exc}") from None
+            if compiled[-1].search(""):
+                raise ValueError(f"Redactor: pattern {p!r} matches the empty string (it would redact everywhere)")
+        self.defaults = defaults
+        self.patterns = tuple(compiled)
         # One alternation: a single pass over the text whatever the number of patterns. Patterns
         # compiled with flags, or with global inline flags, cannot share it and are run one by one.
-        self._each = tuple(compiled)
-        self._text: re.Pattern[str] | None = None
+        self._custom: re.Pattern[str] | None = None
         if compiled and all(p.flags & ~re.UNICODE == 0 for p in compiled):
             try:
-                self._text = re.compile("|".join(f"(?:{p.pattern})" for p in compiled))
+                self._custom = re.compile("|".join(f"(?:{p.pattern})" for p in compiled))
             except re.error:
-                self._text = None
-        self._fields = frozenset(f.lower() for f in fields)
+                self._custom = None
+        names = []
+        for f in fields:
+            if not isinstance(f, str) or not _normalise(f):
+                raise ValueError(f"Redactor: field names must be non-empty strings, got {f!r}")
+            names.append(f)
+        self.fields = tuple(names)
+        self._fields = frozenset(_normalise(f) for f in names)
         self.replacement = replacement
+        field_words = [re.escape(f).replace("_", "[_-]?") for f in sorted(self._fields)]
+        self._field_hint = re.compile("|".join(field_words)) if field_words else None
+        self._pair_words = re.compile("|".join([*_PAIR_WORDS, *field_words]))
 
     # -- names -----------------------------------------------------------------------------------
 
     def is_sensitive(self, name: str) -> bool:
         """Whether a field, parameter or header called ``name`` holds a secret."""
-        low = name.lower()
-        return low in _HEADERS or low in self._fields or bool(_SENSITIVE_NAME.search(_normalise(name)))
+        norm = _normalise(name)
+        return norm in _HEADERS or norm in self._fields or _SENSITIVE_NAME.search(norm) is not None
+
+    def is_sensitive_header(self, name: str) -> bool:
+        """Whether a header called ``name`` holds a secret (names ending in -Key, -Token, -Secret too)."""
+        if self.is_sensitive(name):
+            return True
+        norm = _normalise(name)
+        return norm not in _NOT_SECRET_HEADERS and _SENSITIVE_HEADER.search(norm) is not None
+
+    def is_sensitive_query(self, name: str) -> bool:
+        """Whether a query parameter or form field called ``name`` holds a secret."""
+        return self.is_sensitive(name) or _SENSITIVE_QUERY.search(_normalise(name)) is not None
+
+    # -- the pre-filter ----------------------------------------------------------------------------
+
+    def may_hold_secret(self, text: str) -> bool:
+        """False only when ``text`` certainly holds nothing this redactor would change (cheap)."""
+        if self._may_match(text):
+            return True
+        if self._custom is not None:
+            return self._custom.search(text) is not None
+        return any(p.search(text) for p in self.patterns)
 
     # -- values ----------------------------------------------------------------------------------
 
+    def _judge(self, m: re.Match[str]) -> str:
+        group = m.lastgroup
+        if group in _QUERY_GROUPS:
+            if self.is_sensitive_query(m.group(_QUERY_GROUPS[group])):
+                return m.group(0)[: m.start(group) - m.start()] + self.replacement
+            return m.group(0)
+        if group == "ui_pw":
+            return f"://{m.group('ui_user')}:{self.replacement}@"
+        if group in ("basic1", "basic2", "basic3"):
+            try:
+                decoded = base64.b64decode(m.group(group), validate=True).decode("utf-8")
+            except (binascii.Error, ValueError):
+                return m.group(0)
+            return self.replacement if ":" in decoded else m.group(0)
+        return self.replacement
+
+    def _pairs(self, text: str) -> str:
+        """``name=value`` / ``name: value`` in free text with a sensitive name: the value goes.
+        Found from the sensitive words outwards (a regex that tried every name would cost ~100x)."""
+        low = text.lower()
+        if len(low) != len(text):  # lower() changed lengths (rare scripts): no positions to share
+            low = "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+        out: list[str] = []
+        done = 0
+        for found in self._pair_words.finditer(low):
+            if found.start() < done:
+                continue
+            start, end = found.start(), found.end()
+            while start > done and text[start - 1] in _NAME_CHARS:
+                start -= 1
+            while end < len(text) and text[end] in _NAME_CHARS:
+                end += 1
+            sep = _PAIR_SEP.match(text, end)
+            value = _PAIR_VALUE.match(text, sep.end()) if sep else None
+            if value is None:
+                continue
+            name = text[start:end]
+            if _normalise(name) == "token" or not self.is_sensitive(name):
+                continue
+            out += [text[done:sep.end()], self.replacement]
+            done = value.end()
+        if not out:
+            return text
+        out.append(text[done:])
+        return "".join(out)
+
+    def _may_match(self, text: str) -> bool:
+        """The pre-filter for one string: False only when no built-in rule or field name applies."""
+        if _FORMAT_HINT.search(text) is not None:
+            return True
+        low = text.lower()
+        for found in _NAME_HINT.finditer(low):
+            if not found.group().startswith("basic") or len(low) != len(text):  # (lower() may change lengths)
+                return True
+            if _BASIC_HINT.match(text, found.start()) is not None:
+                return True
+        return self._field_hint is not None and self._field_hint.search(low) is not None
+
     def text(self, text: str) -> str:
-        """``text`` with every configured pattern replaced."""
+        """``text`` with every pattern (defaults, URL credentials, the user's) replaced."""
         if not text:
             return text
-        if self._text is not None:
-            return self._text.sub(self.replacement, text)
-        for pattern in self._each:
+        if self._may_match(text):
+            if self.defaults:
+                text = _DEFAULT_TEXT.sub(self._judge, text)
+            text = self._pairs(text)
+        if self._custom is not None:
+            return self._custom.sub(self.replacement, text)
+        for pattern in self.patterns:
             text = pattern.sub(self.replacement, text)
         return text
 
@@ -103,14 +344,16 @@ class Redactor:
         items = headers.items() if isinstance(headers, Mapping) else headers
         out: dict[str, str] = {}
         for name, value in items:
-            clean = self.replacement if self.is_sensitive(name) else self.text(value)
+            clean = self.replacement if self.is_sensitive_header(name) else self.text(value)
             out[name] = f"{out[name]}, {clean}" if name in out else clean
         return out
 
     def json(self, value: Any) -> Any:
         """A copy of a JSON value with sensitive fields replaced and patterns redacted in strings."""
         if isinstance(value, dict):
-            return {k: self.replacement if isinstance(k, str) and self.is_sensitive(k) else self.json(v)
+            # A key is judged as a name, and redacted as text (a secret used as a key goes too).
+            return {(self.text(k) if isinstance(k, str) else k):
+                    self.replacement if isinstance(k, str) and self.is_sensitive(k) else self.json(v)
                     for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.json(v) for v in value]
@@ -137,7 +380,7 @@ class Redactor:
         pairs = parse_qsl(query, keep_blank_values=True)
         if not pairs:
             return self.text(query)
-        cleaned = [(k, self.replacement if self.is_sensitive(k) else v) for k, v in pairs]
+        cleaned = [(k, self.replacement if self.is_sensitive_query(k) else v) for k, v in pairs]
         return self.text(urlencode(cleaned, safe="[]"))
 
     def url(self, url: str) -> str:
@@ -169,30 +412,22 @@ class Redactor:
         return self.text(text)
 
 
-#: words that may stand in a secret's field name or value; only texts holding one pay for a full pass
-_SECRET_HINT = re.compile(r"password|passwd|secret|token|api_?key|authori[sz]ation|bearer|cookie|sk-")
-
-
 class JournalRedactor:
-    """Redacts the JSON text of an event before it is written (invariant 9).
+    """Redacts the JSON text of an event (or a signal, a run's input, an error record) before it is
+    written (invariant 9).
 
-    A cheap pre-filter (under a microsecond for a small event) lets only texts that could hold a
-    secret pay for a full redaction; the redactor's own extra patterns, if any, are searched as
-    given. Redaction is idempotent, so a text may safely pass twice.
+    The pre-filter (``Redactor.may_hold_secret``, 2-3 microseconds for a small event) lets only
+    texts that could hold a secret pay for a full redaction. Redaction is idempotent, so a text may
+    safely pass twice.
     """
 
     def __init__(self, redactor: Redactor) -> None:
         self.redactor = redactor
-        defaults = {p.pattern for p in Redactor()._each}
-        custom = [p for p in redactor._each if p.pattern not in defaults]
-        self._custom = re.compile("|".join(f"(?:{p.pattern})" for p in custom)) if custom else None
 
     def __call__(self, text: str, *, force: bool = False) -> str:
         """``text`` (a JSON document) with secrets replaced; ``force`` skips the pre-filter (to compare
         with a journal text that went through it)."""
-        if not force and _SECRET_HINT.search(text.lower()) is None and (
-                self._custom is None or self._custom.search(text) is None):
+        if not force and not self.redactor.may_hold_secret(text):
             return text
-        # Plain json, not the codec: tagged values stay tagged and only strings are touched.
-        cleaned = json.dumps(self.redactor.json(json.loads(text)), ensure_ascii=False, separators=(",", ":"))
-        return self.redactor.text(cleaned)
+        # Plain json, not the codec: tagged values stay tagged and only strings (and keys) are touched.
+        return json.dumps(self.redactor.json(json.loads(text)), ensure_ascii=False, separators=(",", ":"))

@@ -16,6 +16,9 @@ and no worker claims it again. ``agentsaga runs --status dead`` lists such runs,
 ``orc.dead_letters(run_id)`` shows every failure, and ``orc.retry_dead(run_id)`` /
 ``agentsaga retry RUN`` puts one back. ``dead`` is not terminal: the run's journal is intact and a
 retry continues it from where it was.
+
+The errors recorded here (messages and tracebacks) go through the journal's redaction like any
+event (invariant 9): ``redact`` is the Orchestrator's ``JournalRedactor``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ _LAST = 3  # errors quoted in the dead run's error
 
 class DeadLetterPolicy:
     def __init__(self, store: Store, *, owner: str, clock: Callable[[], float],
-                 max_failures: int = DEFAULT_MAX_FAILURES, max_backoff: float = 60.0) -> None:
+                 max_failures: int = DEFAULT_MAX_FAILURES, max_backoff: float = 60.0,
+                 redact: Callable[[str], str] | None = None) -> None:
         if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 0:
             raise ConfigurationError(f"max_failures must be an integer >= 0, got {max_failures!r}")
         self.store = store
@@ -46,7 +50,10 @@ class DeadLetterPolicy:
         self.clock = clock
         self.max_failures = max_failures
         self.max_backoff = max_backoff
+        self.redact = redact or (lambda text: text)
 
+    def _dumps(self, value: Any) -> str:
+        return self.redact(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
     def _count(self, rec: RunRecord, rows: list[tuple[Any, ...]]) -> tuple[int, list[dict[str, Any]]]:
         """(failures since the last retry, their recorded errors)."""
         baseline, errors = 0, []
@@ -70,7 +77,7 @@ class DeadLetterPolicy:
 
     def on_error(self, rec: RunRecord, token: int, exc: BaseException) -> bool:
         """Record a failed attempt; True when the run went dead (else it is retried after a backoff)."""
-        info = error_record(exc)
+        info = json.loads(self._dumps(error_record(exc)))
         count, errors = self._count(rec, self.store.failures.for_run(rec.run_id))
         count += 1
         if count > self.max_failures:
@@ -80,7 +87,7 @@ class DeadLetterPolicy:
         now = self.clock()
         delay = min(self.max_backoff, 2.0 ** (count - 1))
         self.store.failures.record(rec.run_id, token=token, now=now, owner=self.owner,
-                                  error=json.dumps(info, separators=(",", ":")), retry_at=now + delay)
+                                  error=self._dumps(info), retry_at=now + delay)
         _log.error("run %s: recovery failed (%d of %d allowed), retried in %.0fs: %s: %s", rec.run_id, count,
                    self.max_failures, delay, info["type"], info["message"])
         return False
@@ -92,5 +99,5 @@ class DeadLetterPolicy:
         detail = {"failures": count, "max_failures": self.max_failures, "recoveries": rec.recoveries,
                   "why": why, "last_errors": [{k: e.get(k) for k in ("owner", "type", "message")} for e in last]}
         self.store.failures.dead_letter(rec.run_id, token=token, now=self.clock(), owner=self.owner,
-                               error=json.dumps(detail, separators=(",", ":")), message=message[:2000])
+                               error=self._dumps(detail), message=json.loads(self._dumps(message))[:2000])
         _log.error("run %s moved to dead: %s (agentsaga retry %s puts it back)", rec.run_id, message, rec.run_id)

@@ -1,6 +1,6 @@
 """``Worker``: claims runnable runs from the store and drives up to N of them at once.
 
-    worker = Worker("postgresql://db/agents", ["app.flows:research"], concurrency=8, queues=["default"])
+    worker = Worker("postgresql://db/agents", ["mypkg.agents"], concurrency=8, queues=["default"])
     worker.run()          # until SIGTERM / SIGINT (or worker.stop() from another thread)
 
 Runnable means: new (pending), a timer due or a signal arrived (waiting, ``wake_at`` passed), or a
@@ -33,9 +33,10 @@ How the work is laid out, and why:
   awaiting async step is cancelled) and its lease is released, so another worker takes it at once
   instead of after the lease expires. A step still running then is in doubt like after a crash
   (effects are re-sent with the same idempotency key). A second signal skips the wait.
-- **Runs it cannot drive.** A run whose workflow this worker cannot import (or whose graph
-  changed) is released, not failed, with an error in the log, and this worker does not claim it
-  again for ``skip_for`` seconds: another worker, with the code, takes it.
+- **Runs it cannot drive.** A worker drives only the workflows it was given (registered code,
+  invariant 11: a run names its workflow, never a module to import). A run of another workflow (or
+  whose graph changed) is released, not failed, with an error in the log, and this worker does not
+  claim it again for ``skip_for`` seconds: another worker, with the code, takes it.
 - **Runs that keep failing** go to status ``dead`` (``orchestrator/scale/deadletter.py``).
 """
 
@@ -54,7 +55,7 @@ from orchestrator._orchestrator import Orchestrator
 from orchestrator.contrib.otel import Tracing
 from orchestrator.engine.core import default_owner
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
-from orchestrator.engine.loader import load_target
+from orchestrator.engine.loader import load_app
 from orchestrator.engine.queues import check_queue_name
 from orchestrator.errors import ConfigurationError, GraphChangedError, WorkflowNotFoundError
 from orchestrator.scale.deadletter import DEFAULT_MAX_FAILURES, DeadLetterPolicy
@@ -121,9 +122,10 @@ class Worker:
     """Claims runs and drives them; see the module docstring for how.
 
     ``orc_or_url``: an ``Orchestrator`` (its store, workflows and settings are used; it stays
-    open) or a database URL (None: ``AGENTSAGA_DB``). ``targets``: workflows to import
-    (``"module:attr"``, ``"path/file.py:attr"``) or ``Workflow`` objects; runs of other workflows
-    are still driven when their recorded target imports. Keyword-only options:
+    open) or a database URL (None: ``AGENTSAGA_DB``). ``targets``: the workflows this worker drives,
+    as ``Workflow`` objects or apps to import (``"mypkg.agents"``, ``"flows.py"``, either with
+    ``":attr"``: see ``orchestrator.engine.loader.load_app``); with an Orchestrator, its registered
+    workflows too. Runs of any other workflow are left for other workers. Keyword-only options:
 
     - ``concurrency`` (4): runs driven at once by this worker
     - ``queues`` (None: every queue, and runs with none): the queues this worker serves
@@ -136,6 +138,7 @@ class Worker:
     - ``skip_for`` (60 s): how long a run this worker cannot import is left to other workers
     - ``tracing`` (False): OpenTelemetry spans per run and step (needs the ``otel`` extra); True
       for the global tracer provider, or a provider
+    - ``redact`` / ``redact_fields`` (with a URL only): extra redaction, as for ``Orchestrator``
     """
 
     def __init__(self, orc_or_url: Orchestrator | str | None = None, targets: Iterable[str | Workflow] = (), *,
@@ -143,7 +146,8 @@ class Worker:
                  heartbeat: float | None = None, poll: float = 2.0, limits: Limits | None = None,
                  max_failures: int = DEFAULT_MAX_FAILURES, drain: float = 20.0, skip_for: float = 60.0,
                  tracing: Any = False, owner: str | None = None,
-                 store_options: dict[str, Any] | None = None) -> None:
+                 store_options: dict[str, Any] | None = None, redact: Iterable[str] = (),
+                 redact_fields: Iterable[str] = ()) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         if isinstance(queues, str):
@@ -161,15 +165,22 @@ class Worker:
             unserved = sorted(set(self.limits.queues) - set(self.queues))
             if unserved:
                 _log.warning("limits name queues this worker does not serve: %s", ", ".join(unserved))
-        workflows = [load_target(t) if isinstance(t, str) else t for t in targets]
-        for wf in workflows:
-            if not isinstance(wf, Workflow):
-                raise ConfigurationError(f"targets must be 'module:attr' strings or Workflow objects, got {wf!r}")
+        if isinstance(targets, (str, Workflow)):
+            targets = [targets]
+        workflows: list[Workflow] = []
+        for t in targets:
+            found = load_app(t) if isinstance(t, str) else [t]
+            for wf in found:
+                if not isinstance(wf, Workflow):
+                    raise ConfigurationError(f"targets must be app modules ('mypkg.agents', 'flows.py', "
+                                             f"'module:attr') or Workflow objects, got {wf!r}")
+                if not any(wf is w for w in workflows):
+                    workflows.append(wf)
         beat = None if heartbeat is None else _seconds(heartbeat, "heartbeat")
         if isinstance(orc_or_url, Orchestrator):
             self.orc, self._owns_orc = orc_or_url, False
             _check_given(orc_or_url, lease_ttl=lease_ttl, heartbeat=beat, limits=self.limits, tracing=tracing,
-                         owner=owner, store_options=store_options)
+                         owner=owner, store_options=store_options, redact=tuple(redact) or tuple(redact_fields))
             self.orc.register(*workflows)
             found = [o for o in orc_or_url.engine.journal.observers if isinstance(o, Tracing)]
             self.tracing = found[0] if found else None
@@ -181,16 +192,16 @@ class Worker:
             self.tracing = Tracing(None if tracing is True else tracing, owner=owner) if tracing else None
             self.orc = Orchestrator(orc_or_url, workflows=workflows, lease_ttl=ttl, heartbeat=beat, owner=owner,
                                     store_options=store_options, tool_limits=self.limits.tool_limits,
+                                    redact=redact, redact_fields=redact_fields,
                                     observers=[self.tracing] if self.tracing is not None else ())
             self._owns_orc = True
         self.store = self.orc.store
         self.owner = self.orc.owner
         self.concurrency = concurrency
         self.dead = DeadLetterPolicy(self.store, owner=self.owner, clock=self.orc.engine.config.clock,
-                                     max_failures=max_failures)
+                                     max_failures=max_failures, redact=self.orc.engine.journal.redact)
         self._inbox: queue_mod.Queue[tuple[str, int, str | None] | None] = queue_mod.Queue()
         self._lock = threading.Lock()
-        self._import_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._hurry = False
@@ -383,8 +394,7 @@ class Worker:
         try:
             if run_id in self._handing_back or (self._stopping.is_set() and self._hurry):
                 raise asyncio.CancelledError  # claimed just before the stop: give it straight back
-            with self._import_lock:  # two slots must not import one run's target file twice at once
-                orc.workflows.for_run(rec)
+            orc.workflows.for_run(rec)  # registered here, or WorkflowNotFoundError: another worker's
             result = slot.drive(orc.engine.drive_claimed(run_id, token))
             status, error = result.status, result.error
             if status not in TERMINAL_STATUSES and status != "waiting":
@@ -470,7 +480,7 @@ class Worker:
 
 
 def _check_given(orc: Orchestrator, *, lease_ttl: Any, heartbeat: float | None, limits: Limits, tracing: Any,
-                 owner: str | None, store_options: Any) -> None:
+                 owner: str | None, store_options: Any, redact: Any = ()) -> None:
     """With an Orchestrator given, what shapes driving is the Orchestrator's own setting."""
     config = orc.engine.config
     if lease_ttl is not None and lease_ttl != config.lease_ttl:
@@ -484,3 +494,5 @@ def _check_given(orc: Orchestrator, *, lease_ttl: Any, heartbeat: float | None, 
                                  "uses it for run spans")
     if owner is not None or store_options is not None:
         raise ConfigurationError("owner and store_options are the Orchestrator's when one is given")
+    if redact:
+        raise ConfigurationError("redaction is the Orchestrator's: pass Orchestrator(..., redact=..., redact_fields=...)")

@@ -283,10 +283,11 @@ class HttpTool(HttpVerbs, _Base):
             return self._send(method, url, breaker, kwargs)
 
         def perform() -> dict[str, Any]:
-            return _durable_record(self._send(method, url, breaker, dict(kwargs)))
+            return _durable_record(self._send(method, url, breaker, dict(kwargs)), self.redactor)
 
         try:
-            record = self._durable.durable_call("http", _request_key(method, url, kwargs, breaker), perform)
+            record = self._durable.durable_call("http", _request_key(method, url, kwargs, breaker, self.redactor),
+                                                perform)
         except _TooBig as big:
             return big.response
         return _replayed(method, record)
@@ -356,10 +357,11 @@ class AsyncHttpTool(HttpVerbs, _Base):
             return await self._send(method, url, breaker, kwargs)
 
         async def perform() -> dict[str, Any]:
-            return _durable_record(await self._send(method, url, breaker, dict(kwargs)))
+            return _durable_record(await self._send(method, url, breaker, dict(kwargs)), self.redactor)
 
         try:
-            record = await self._durable.adurable_call("http", _request_key(method, url, kwargs, breaker), perform)
+            record = await self._durable.adurable_call(
+                "http", _request_key(method, url, kwargs, breaker, self.redactor), perform)
         except _TooBig as big:
             return big.response
         return _replayed(method, record)
@@ -419,19 +421,34 @@ class AsyncHttpTool(HttpVerbs, _Base):
 # responses come from the cassette. A failed request is not journaled as completed: running the
 # step again sends it again, with the same idempotency key. A response body larger than
 # ``MAX_DURABLE_BODY`` is returned live and not journaled as a durable call.
+#
+# Both the request key and the journaled response are redacted by the tool's redactor here (the
+# journal redacts them again, with the same rules): a query value or a URL's userinfo password in
+# the request key, the response's final URL (a redirect may add a token to it) and headers
+# (``Set-Cookie``) never reach the journal. The step gets the journaled response, redactions and
+# all, on its first run as on a resume: what it sees does not depend on whether it crashed.
 
 MAX_DURABLE_BODY = 1 << 20  # 1 MiB of response text kept for resume and replay
 
 
-def _request_key(method: str, url: Any, kwargs: dict[str, Any], breaker: str | None) -> dict[str, Any]:
-    """What identifies a request for reuse: not its headers (secrets, tracing ids), its body."""
-    key: dict[str, Any] = {"method": method.upper(), "url": str(url)}
+def _request_key(method: str, url: Any, kwargs: dict[str, Any], breaker: str | None,
+                 redactor: Redactor) -> dict[str, Any]:
+    """What identifies a request for reuse: not its headers (secrets, tracing ids), its body; redacted."""
+    key: dict[str, Any] = {"method": method.upper(), "url": redactor.url(str(url))}
     for name in ("params", "json", "data"):
-        if kwargs.get(name) is not None:
-            key[name] = kwargs[name]
+        value = kwargs.get(name)
+        if value is not None:
+            if name != "json" and isinstance(value, (str, bytes)):  # a raw query string or form body
+                value = redactor.query(value.decode("utf-8", "replace") if isinstance(value, bytes) else value)
+            elif name != "json" and isinstance(value, (list, tuple)):  # (name, value) pairs
+                value = [[k, redactor.replacement if redactor.is_sensitive_query(str(k)) else v] for k, v in value]
+            elif isinstance(value, dict) and name != "json":
+                value = {k: redactor.replacement if redactor.is_sensitive_query(str(k)) else v for k, v in value.items()}
+            key[name] = value
     content = kwargs.get("content")
     if content is not None:
-        key["content"] = content.decode("utf-8", "replace") if isinstance(content, bytes) else str(content)
+        text = content.decode("utf-8", "replace") if isinstance(content, bytes) else str(content)
+        key["content"] = redactor.body(text)
     if breaker:
         key["breaker"] = breaker
     return key
@@ -445,12 +462,14 @@ class _TooBig(Exception):
         super().__init__("response too large to journal")
 
 
-def _durable_record(response: httpx.Response) -> dict[str, Any]:
+def _durable_record(response: httpx.Response, redactor: Redactor) -> dict[str, Any]:
     text = response.text
     if len(text) > MAX_DURABLE_BODY:
         raise _TooBig(response)
-    return {"status": response.status_code, "headers": dict(response.headers), "url": str(response.url),
-            "text": text}
+    # The body is left to the journal's redaction (fields and patterns): a response a step parses
+    # must keep its shape, and that redaction keeps it.
+    return {"status": response.status_code, "headers": redactor.headers(dict(response.headers)),
+            "url": redactor.url(str(response.url)), "text": text}
 
 
 def _replayed(method: str, record: dict[str, Any]) -> httpx.Response:

@@ -23,8 +23,8 @@ from workflows import END, Workflow, reducers
 
 wf = Workflow("crashflow", version="1", reducers={"log": reducers.append, "total": reducers.add})
 
-# Read at call time from the environment, so a resuming process (which imports this file through
-# the run's recorded target) counts into the same ledger.
+# Read at call time from the environment, so a resuming process (which imports this file as its
+# --app) counts into the same ledger.
 def _ledger() -> str:
     return os.environ["CRASHFLOW_LEDGER"]
 

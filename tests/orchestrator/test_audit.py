@@ -13,7 +13,8 @@ from audit_helpers import AUDITFLOW, CRASHFLOW, load, raw_sql, snapshot_text, ta
 
 from orchestrator import Orchestrator, RunNotFoundError, RunStateError  # noqa: E402
 from store import NewEvent, NewSnapshot  # noqa: E402
-from workflows import END, Workflow  # noqa: E402
+from workflows import END, Workflow, reducers  # noqa: E402
+from workflows.reducers import MISSING  # noqa: E402
 
 DAY = 86400.0
 # The state crashflow's run has just before its last `merge` (round 2 of 3): merge folds in
@@ -145,7 +146,7 @@ def test_a_damaged_event_is_still_shown_and_verify_reports_it(db_url, crash_wf):
 
 
 def test_verify_without_the_workflow_still_checks_the_scheduler_fields(db_url):
-    # Given a run of a workflow that is not importable (defined inside a function: no target)
+    # Given a run of a workflow that is not registered where it is verified
     wf = Workflow("local")
     wf.step(start=True, name="one")(lambda ctx, s: {"n": 1})
     wf.step(name="two")(lambda ctx, s: {"n": 2})
@@ -158,10 +159,33 @@ def test_verify_without_the_workflow_still_checks_the_scheduler_fields(db_url):
     tamper_snapshot(db_url, "l1", seq, lambda s: s.update(visits={"one": 5, "two": 1}), rehash=True)
     with Orchestrator(db_url) as orc:
         report = orc.verify("l1")
-    # Then the scheduler field is caught, and the report says the user state was not compared
+    # Then the scheduler field is caught
     assert [p.seq for p in report.problems] == [seq]
     assert any(d.startswith("visits.one: snapshot has 5") for d in report.problems[0].differences)
-    assert any("not importable" in n for n in report.notes)
+
+
+def test_verify_without_the_workflow_compares_state_its_recorded_reducers_can_fold(db_url):
+    # Given a run whose fields use a built-in reducer (log) and the workflow's own (best)
+    def keep_max(current, update):
+        return update if current is MISSING else max(current, update)
+
+    wf = Workflow("reduced", reducers={"log": reducers.append, "best": keep_max})
+    wf.step(start=True, name="one")(lambda ctx, s: {"log": "a", "best": 3, "n": 1})
+    wf.step(name="two")(lambda ctx, s: {"log": "b", "best": 2, "n": 2})
+    wf.edge("one", "two")
+    wf.edge("two", END)
+    with Orchestrator(db_url, workflows=[wf], snapshot_every=1, keep_snapshots=10) as orc:
+        orc.run(wf, {}, run_id="r1")
+        seq = max(s.seq for s in orc.store.snapshots("r1"))
+    # When a process without the workflow verifies it after a re-hashed tamper of the appended list
+    tamper_snapshot(db_url, "r1", seq, lambda s: s["state"].update(log=["a", "forged"]), rehash=True)
+    with Orchestrator(db_url) as orc:
+        report = orc.verify("r1")
+    # Then the built-in reducer's field is compared and the forgery is caught
+    assert [p.seq for p in report.problems] == [seq]
+    assert any(d.startswith("state.log[1]: snapshot has \"forged\"") for d in report.problems[0].differences)
+    # And the field with the workflow's own reducer is named as not compared
+    assert any("state fields best were not compared" in n for n in report.notes)
 
 
 def test_verify_unknown_run(db_url):

@@ -22,6 +22,8 @@ from audit_helpers import (  # noqa: E402
 )
 from auditflow import HOSTILE  # noqa: E402
 
+CRASHAPP = CRASHFLOW.rpartition(":")[0]
+
 from orchestrator import Orchestrator  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -118,7 +120,8 @@ def test_fork_from_a_step_then_resume(db_url, ledger):
     # Given a completed run
     run_crashflow(db_url, ledger)
     # When it is forked at merge
-    forked = agentsaga("fork", "c1", "--from", "merge", "--run-id", "c1-fork", "--json", db=db_url, ledger=ledger)
+    forked = agentsaga("fork", "c1", "--from", "merge", "--run-id", "c1-fork", "--json", "--app", CRASHAPP, db=db_url,
+                       ledger=ledger)
     assert forked.returncode == 0, forked.stderr
     out = json.loads(forked.stdout)
     # Then a pending run exists whose first state is the parent's before its last merge
@@ -130,7 +133,7 @@ def test_fork_from_a_step_then_resume(db_url, ledger):
     runs = [json.loads(line) for line in agentsaga("runs", "--json", db=db_url).stdout.splitlines()]
     assert {r["run_id"]: r["parent_run_id"] for r in runs} == {"c1-fork": "c1", "c1": None}
     # And resume drives it to the same end as its parent
-    done = agentsaga("resume", "c1-fork", "--json", db=db_url, ledger=ledger)
+    done = agentsaga("resume", "c1-fork", "--json", "--app", CRASHAPP, db=db_url, ledger=ledger)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["state"]["total"] == 33 and json.loads(done.stdout)["state"]["round"] == 3
 
@@ -191,6 +194,7 @@ def test_gc_dry_run_then_for_real_never_touching_unfinished_runs(db_url, ledger,
     ["report", "nope", "--html", "x.html"],
 ])
 def test_unknown_run_is_a_one_line_error(db_url, args):
+    Orchestrator(db_url).close()  # an empty database (a reading verb never creates one)
     done = agentsaga(*args, db=db_url)
     assert done.returncode == 1
     assert_one_line_error(done, "no run 'nope'")
@@ -199,7 +203,7 @@ def test_unknown_run_is_a_one_line_error(db_url, args):
 
 def test_unknown_fork_step_is_a_one_line_error(db_url, ledger):
     run_crashflow(db_url, ledger)
-    done = agentsaga("fork", "c1", "--from", "no_such_step", db=db_url, ledger=ledger)
+    done = agentsaga("fork", "c1", "--from", "no_such_step", "--app", CRASHAPP, db=db_url, ledger=ledger)
     assert done.returncode == 1
     assert_one_line_error(done, "never ran step 'no_such_step'")
 

@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FLOW = "tests/orchestrator/crashflow.py:wf"
+APP = "tests/orchestrator/crashflow.py"
 CHILD = ROOT / "tests/orchestrator/crashflow.py"
 
 
@@ -53,13 +54,13 @@ def test_run_then_runs_lists_it(db_url, ledger):
     assert cli("runs", "--db", db_url, "--status", "failed", ledger=ledger).stdout.strip() == "no runs"
 
 
-def test_resume_by_id_after_sigkill_knows_the_workflow_from_the_run(db_url, ledger):
+def test_resume_by_id_after_sigkill_with_the_app_named(db_url, ledger):
     # Given a run killed with SIGKILL between two steps
     killed = subprocess.run([sys.executable, str(CHILD), db_url, "cli-2", str(ledger), "after:merge:1"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert killed.returncode == -signal.SIGKILL
-    # When `agentsaga resume RUN` is run with nothing but the id
-    done = cli("resume", "cli-2", "--db", db_url, ledger=ledger)
+    # When `agentsaga resume RUN` is run with the app that defines its workflow
+    done = cli("resume", "cli-2", "--app", APP, "--db", db_url, ledger=ledger)
     # Then it completes, and the summary says so
     assert done.returncode == 0, done.stderr
     assert "status completed" in done.stdout
@@ -72,10 +73,10 @@ def test_recover_finds_never_driven_runs(db_url, ledger):
     wf = load_target(str(ROOT / FLOW))
     with Orchestrator(db_url, workflows=[wf]) as orc:
         run_id = orc.start(wf, {"round": 0})
-    done = cli("recover", "--db", db_url, ledger=ledger)
+    done = cli("recover", "--app", APP, "--db", db_url, ledger=ledger)
     assert done.returncode == 0, done.stderr
     assert run_id in done.stdout and "completed" in done.stdout
-    assert cli("recover", "--db", db_url, ledger=ledger).stdout.strip() == "no interrupted runs to recover"
+    assert cli("recover", "--app", APP, "--db", db_url, ledger=ledger).stdout.strip() == "no interrupted runs to recover"
 
 
 def test_unknown_run_is_a_one_line_error(db_url, ledger):
@@ -108,3 +109,23 @@ def test_default_database_is_agentsaga_db_env(tmp_path, ledger):
     done = cli("run", FLOW, "--input", '{"round": 0}', ledger=ledger, env={"AGENTSAGA_DB": url})
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "from-env.db").exists()
+
+
+@pytest.mark.parametrize("before_verb", [True, False])
+def test_db_is_honoured_before_and_after_the_verb(tmp_path, ledger, before_verb):
+    # Given a run written with --db before (or after) the verb, from a directory of its own
+    url = f"sqlite:///{tmp_path}/chosen.db"
+    place = (lambda *a: ["--db", url, *a]) if before_verb else (lambda *a: [*a, "--db", url])
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run([agentsaga_exe(), *place("run", str(ROOT / FLOW), "--input", '{"round": 0}',
+                                                    "--run-id", "db-1")],
+                          cwd=work, capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if k != "AGENTSAGA_DB"},
+                               "CRASHFLOW_LEDGER": str(ledger)})
+    # Then the run is in the chosen database and no ./agentsaga.db was written
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "chosen.db").exists() and not (work / "agentsaga.db").exists()
+    listed = subprocess.run([agentsaga_exe(), *place("runs", "--json")], cwd=work, capture_output=True, text=True,
+                            timeout=120)
+    assert [json.loads(line)["run_id"] for line in listed.stdout.splitlines()] == ["db-1"]

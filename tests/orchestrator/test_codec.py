@@ -8,10 +8,12 @@ import decimal
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from orchestrator import EncodingError
-from orchestrator.payload import dumps as encode_json, loads as decode_json
+from orchestrator.payload import canonical_dumps, dumps as encode_json, loads as decode_json
 
 
 @dataclasses.dataclass
@@ -63,3 +65,89 @@ def test_cycles_are_reported():
     loop.append(loop)
     with pytest.raises(EncodingError, match="cycle"):
         encode_json({"x": loop})
+
+
+# -- user data that looks like a codec tag (the escape) ------------------------------------------------
+MONGO_LIKE = [
+    {"$set": {"status": "paid"}},                       # every MongoDB update
+    {"$inc": {"n": 1}},
+    {"$date": "2026-01-02"},                            # a real tag's name, as user data
+    {"$bytes": "not base64 at all"},
+    {"$$ROOT": 1},                                      # already starts with two
+    {"$": 0},
+    {"$set": {"$set": [1, 2]}},                         # nested
+    [{"$push": {"log": "x"}}, {"$pull": {"log": "y"}}],
+    {"ops": [{"$set": {"a": 1}}], "$set": "two keys: never a tag"},
+]
+
+
+@pytest.mark.parametrize("value", MONGO_LIKE)
+def test_json_that_looks_like_a_tag_round_trips_exactly(value):
+    # Given any JSON value a step may return
+    # When it is encoded for the journal and decoded again, plainly and canonically
+    # Then it comes back exactly: dicts stay dicts, nothing becomes a set or a date
+    assert decode_json(encode_json(value)) == value
+    assert decode_json(canonical_dumps(value)) == value
+
+
+def test_the_escape_is_one_more_dollar_and_tags_are_still_tags():
+    # Given a user dict whose only key starts with "$", next to a real set
+    value = {"update": {"$set": {"a": 1}}, "tags": {"x"}}
+    # When encoded
+    text = encode_json(value)
+    # Then the user's key is written with one more "$" and the set keeps its tag
+    assert text == '{"update":{"$$set":{"a":1}},"tags":{"$set":["x"]}}'
+    assert decode_json(text) == value
+
+
+def test_models_and_dataclasses_holding_tag_shaped_dicts_round_trip():
+    @dataclasses.dataclass
+    class Update:
+        query: dict
+        change: dict
+
+    out = decode_json(encode_json({"u": Update({"$eq": 1}, {"$set": {"a": 2}})}))
+    assert out == {"u": {"query": {"$eq": 1}, "change": {"$set": {"a": 2}}}}
+
+
+def test_journals_written_before_the_escape_still_decode():
+    # Given texts as the old codec wrote them: real tags, and a $-key dict it did not know
+    old = '{"at":{"$datetime":"2026-01-01T00:00:00"},"s":{"$set":[1,2]},"other":{"$weird":1}}'
+    # Then they decode as they always did
+    assert decode_json(old) == {"at": dt.datetime(2026, 1, 1), "s": {1, 2}, "other": {"$weird": 1}}
+
+
+def test_a_step_returning_a_mongo_update_gets_it_back_after_a_resume(sqlite_url):
+    from orchestrator import Orchestrator
+    from workflows import END, Workflow
+
+    # Given a workflow whose step returns a MongoDB update document
+    wf = Workflow("mongo")
+    wf.step(start=True, name="plan")(lambda ctx, s: {"update": {"$set": {"status": "paid"}}, "ids": {"$in": [1, 2]}})
+    wf.step(name="apply")(lambda ctx, s: {"seen": s["update"]})
+    wf.edge("plan", "apply")
+    wf.edge("apply", END)
+    # When it runs, and another process reads its state back from the journal
+    with Orchestrator(sqlite_url, workflows=[wf]) as orc:
+        live = orc.run(wf, {}, run_id="m1")
+    with Orchestrator(sqlite_url, workflows=[wf]) as orc:
+        again = orc.result("m1")
+    # Then the next step saw a dict and the journal gives the same dict back
+    assert live.state["seen"] == {"$set": {"status": "paid"}}
+    assert again.state == live.state == {"update": {"$set": {"status": "paid"}}, "ids": {"$in": [1, 2]},
+                                         "seen": {"$set": {"status": "paid"}}}
+
+
+_KEYS = st.one_of(st.text(max_size=6), st.sampled_from(["$set", "$date", "$bytes", "$$x", "$", "$uuid", "$set$"]))
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_any_json_round_trips(value):
+    assert decode_json(encode_json(value)) == value
+    assert decode_json(canonical_dumps(value)) == value

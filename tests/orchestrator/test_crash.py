@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Orchestrator
+from orchestrator.engine.loader import load_app
 
 HERE = Path(__file__).parent
 CHILD = HERE / "crashflow.py"
@@ -55,8 +56,8 @@ def test_sigkill_then_resume_runs_each_completed_step_once(db_url, tmp_path, ref
     killed = run_child(db_url, "r1", ledger, crash)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     monkeypatch.setenv("CRASHFLOW_LEDGER", str(ledger))
-    # When a new process (this one, knowing nothing but the URL) resumes it by id
-    with Orchestrator(db_url) as orc:
+    # When a new process (this one, knowing the URL and registering the app) resumes it by id
+    with Orchestrator(db_url, workflows=load_app(str(CHILD))) as orc:
         result = orc.resume("r1")
         history = orc.history("r1")
     # Then it completes with the state of an uninterrupted run

@@ -194,8 +194,8 @@ def test_agentsaga_signal_from_another_process(db_url, tmp_path):
     sent = subprocess.run([exe, "signal", "cli-w", "approval", "--data", '{"ok": true}', "--db", db_url],
                           capture_output=True, text=True, env=env, timeout=60)
     assert sent.returncode == 0, sent.stderr
-    done = subprocess.run([exe, "recover", "--db", db_url, "--json"], capture_output=True, text=True, env=env,
-                          timeout=60)
+    done = subprocess.run([exe, "recover", "--app", str(flow), "--db", db_url, "--json"], capture_output=True,
+                          text=True, env=env, timeout=60)
     assert '"decision": {"ok": true}' in done.stdout, done.stderr
 
 
