@@ -67,11 +67,13 @@ are built again by the resuming process: write them as a factory of the step con
 (``make_deps(ctx)``). Give the same factory as ``AgentsagaDurability(deps=make_deps)`` and
 compensations get ``tctx.deps`` from it too (they run later, with no agent run around them).
 
-Streaming (``agent.run_stream`` / ``run_stream_events`` in a step): each streamed model request is
-one durable call that journals the final ``ModelResponse`` when the stream ends; events reach the
-caller live the first time. A crash mid-stream journals nothing for that request: the resumed step
-asks the model again and streams the new answer from the start. A request whose response was
-journaled is not streamed again on resume: the journaled response is given back whole.
+Streaming (``agent.run_stream`` and friends in a step): each model request is one durable call
+that consumes the stream inside the call and journals the final ``ModelResponse`` when it ends;
+the caller gets that response whole. To see tokens as they come, give the capability an
+``event_stream_handler``: it gets the model's events live, inside the call. A crash mid-stream
+journals nothing for that request: the resumed step asks the model again and the handler sees the
+new stream from its start. A request whose response was journaled is not streamed again when the
+step runs again: the journaled response comes back whole and the handler sees no events for it.
 """
 
 from __future__ import annotations

@@ -234,3 +234,50 @@ def test_show_history_and_report_name_the_model_requests_and_tool_calls(db_url, 
     html = (tmp_path / "r.html").read_text()
     assert "book_hotel" in html and "book_car" in html and "function:function:trip_model:" in html
     assert_verifies(db_url, "trip-1")
+
+
+# -- streaming ---------------------------------------------------------------------------------------------
+def test_a_streamed_answer_is_journaled_whole_and_not_streamed_again_when_the_step_runs_again(db_url):
+    from pydantic_ai import Agent
+    from pydantic_ai.models.function import FunctionModel
+
+    from orchestrator.contrib.pydantic_ai import AgentsagaDurability
+    from workflows import END, Workflow
+
+    asked: list[str] = []
+    live: list[str] = []
+
+    async def stream(messages, info):
+        asked.append("request")
+        for word in ["hello ", "streamed ", "world"]:
+            yield word
+
+    async def handler(ctx, events):  # sees the model's events live, inside the durable call
+        async for event in events:
+            live.append(type(event).__name__)
+
+    agent = Agent(FunctionModel(stream_function=stream), name="streamer",
+                  capabilities=[AgentsagaDurability(event_stream_handler=handler)])
+    flow = Workflow("streaming")
+
+    @flow.step(start=True)
+    async def talk(ctx, state):
+        async with agent.run_stream("hi") as streamed:
+            text = await streamed.get_output()
+        ctx.wait_for("go")
+        return {"text": text}
+
+    flow.edge("talk", END)
+    # Given a step that streamed an answer, then waited
+    with Orchestrator(db_url, workflows=[flow]) as orc:
+        assert orc.run(flow, {}, run_id="s1").status == "waiting"
+        assert asked == ["request"] and live.count("PartDeltaEvent") == 2
+        # When the step runs again after the signal
+        orc.signal("s1", "go", {})
+        result = orc.resume("s1")
+        journaled = [e["data"] for e in orc.history("s1") if e["kind"] == "CallCompleted"]
+    # Then the model was not asked again and nothing was streamed again: the journaled response came back whole
+    assert result.status == "completed" and result.state["text"] == "hello streamed world"
+    assert asked == ["request"] and live.count("PartDeltaEvent") == 2
+    assert [c["kind"] for c in journaled] == ["llm"]
+    assert journaled[0]["response"]["parts"][0]["content"] == "hello streamed world"
