@@ -281,3 +281,35 @@ def test_a_streamed_answer_is_journaled_whole_and_not_streamed_again_when_the_st
     assert asked == ["request"] and live.count("PartDeltaEvent") == 2
     assert [c["kind"] for c in journaled] == ["llm"]
     assert journaled[0]["response"]["parts"][0]["content"] == "hello streamed world"
+
+
+# -- the public surface and the example ---------------------------------------------------------------
+def test_the_package_exports_exactly_its_pinned_names():
+    import orchestrator.contrib.pydantic_ai as package
+
+    assert sorted(package.__all__) == ["AgentsagaDurability", "ToolCallContext", "VOLATILE", "tool_context"]
+    assert all(hasattr(package, name) for name in package.__all__)
+
+
+def test_nothing_else_in_orchestrator_imports_pydantic_ai():
+    # Given a fresh interpreter importing every other orchestrator package
+    code = ("import sys, orchestrator, orchestrator.engine, orchestrator.agents, orchestrator.audit, "
+            "orchestrator.scale, orchestrator.cli, orchestrator.contrib, orchestrator.testing; "
+            "print([m for m in sys.modules if m.split('.')[0] == 'pydantic_ai'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # Then pydantic-ai was not loaded: the extra is optional
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_the_example_resumes_a_killed_agent_and_undoes_its_bookings_when_payment_fails(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "pydantic_agent.py"
+    done = subprocess.run([sys.executable, str(example), "--decline", "--db", f"sqlite:///{tmp_path}/ex.db"],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "killed by signal 9" in done.stdout and "status compensated" in done.stdout
+    lines = done.stdout.split("(the ledger):")[1].strip().splitlines()
+    assert [line.split()[:3] for line in lines[:-1]] == [
+        ["model", "request", "1"], ["tool", "weather", "Lisbon"], ["model", "request", "2"],
+        ["tool", "book_hotel", "Lisbon"], ["tool", "book_car", "Lisbon"], ["model", "request", "3"],
+        ["cancel", "book_car", "car-lisbon"], ["cancel", "book_hotel", "hotel-lisbon"]]

@@ -1,4 +1,4 @@
-"""pydantic-ai agents made durable by agentsaga (``pip install 'agentsaga[pydantic-ai]'``).
+"""The pydantic-ai durability capability (``pip install 'agentsaga[pydantic-ai]'``).
 
     from pydantic_ai import Agent
     from orchestrator.contrib.pydantic_ai import AgentsagaDurability, tool_context
