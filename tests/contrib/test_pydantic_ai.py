@@ -313,3 +313,45 @@ def test_the_example_resumes_a_killed_agent_and_undoes_its_bookings_when_payment
         ["model", "request", "1"], ["tool", "weather", "Lisbon"], ["model", "request", "2"],
         ["tool", "book_hotel", "Lisbon"], ["tool", "book_car", "Lisbon"], ["model", "request", "3"],
         ["cancel", "book_car", "car-lisbon"], ["cancel", "book_hotel", "hotel-lisbon"]]
+
+
+def test_an_effect_tool_sends_its_key_with_tool_context_http_and_its_undo_sends_key_compensate(db_url):
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+
+    from orchestrator.contrib.pydantic_ai import AgentsagaDurability, tool_context
+    from orchestrator.testing import BookingService
+    from workflows import END, Workflow
+
+    with BookingService() as service:
+        def undo(tctx, record):
+            tctx.http.delete(f"{service.url}/hotels/{record['result']['id']}")
+
+        durability = AgentsagaDurability(effects={"book": undo})
+        agent = Agent(TestModel(), name="booker", capabilities=[durability])
+
+        @agent.tool_plain
+        def book(city: str) -> dict:
+            return tool_context().http.post(f"{service.url}/hotels", json={"city": city}).json()
+
+        flow = Workflow("http-booking")
+
+        @flow.step(start=True, effect=True, compensate=durability.compensate)
+        async def reserve(ctx, state):
+            return {"out": (await agent.run("book a hotel")).output}
+
+        @flow.step()
+        def pay(ctx, state):
+            raise RuntimeError("card declined")
+
+        flow.edge("reserve", "pay")
+        flow.edge("pay", END)
+        # Given an agent whose effect tool books through tool_context().http, and a payment that fails
+        with Orchestrator(db_url, workflows=[flow]) as orc:
+            result = orc.run(flow, {}, run_id="h1")
+        ledger = service.ledger()
+    # Then the service saw the booking with the tool call's key, and its cancellation with key:compensate
+    assert result.status == "compensated", result.error
+    key = "h1:reserve:0:booker:1:pyd_ai_tool_call_id__book"
+    assert [(e["action"], e["idempotency_key"]) for e in ledger] == [("book", key), ("cancel", f"{key}:compensate")]
+    assert_verifies(db_url, "h1")
