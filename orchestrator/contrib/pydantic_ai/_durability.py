@@ -52,14 +52,15 @@ calls would number differently on every execution. After a crash the tool calls 
 are not run again and the rest run in order; the one that was running when the process died runs
 again (an effect tool with the same idempotency key).
 
-Effects. ``effects={"tool name": undo}`` marks tools that change the world. Each such call gets the
-key ``"{step key}:{agent}:{index}:{tool call id}"`` (``tool_context().idempotency_key``), where the
-step key is ``ctx.idempotency_key`` (run, step, tick) and ``index`` the call's position in the step
-execution, so the key is the same when the call is re-sent after a crash and differs for two agent
-runs in one step even when a model reuses tool call ids. A completed effect call is journaled as an
-effect of its own the moment it returns; make the step ``effect=True,
-compensate=durability.compensate`` and the saga undoes them newest first with ``undo(tctx,
-record)`` when the run fails (``tctx.idempotency_key == f"{key}:compensate"``).
+Effects. Every tool call has the key ``"{step key}:{agent}:{index}:{tool call id}"``
+(``tool_context().idempotency_key``, sent by ``tool_context().http``): the step key is
+``ctx.idempotency_key`` (run, step, tick) and ``index`` the call's position in the step execution,
+so the key is the same when the call is re-sent after a crash and differs for two agent runs in one
+step even when a model reuses tool call ids. ``effects={"tool name": undo}`` marks the tools that
+change the world: a completed call of one is journaled as an effect of its own the moment it
+returns; make the step ``effect=True, compensate=durability.compensate`` and the saga undoes them
+newest first with ``undo(tctx, record)`` when the run fails (``tctx.idempotency_key ==
+f"{key}:compensate"``).
 
 Dependencies. ``deps`` are never journaled (they are live objects: clients, connections). A step
 runs again from its first line after a crash, so the deps a step builds for ``agent.run(deps=...)``
@@ -122,8 +123,8 @@ _MODEL_PARAMETERS = TypeAdapter(ModelRequestParameters)
 class ToolCallContext:
     """What a tool call (or a compensation undoing one) knows about where it runs.
 
-    ``step`` is the agentsaga step's context (``run_id``, ``trace``, ``http``...), ``idempotency_key``
-    the effect tool's own key (None for other tools), ``deps`` the deps (the run's inside a tool
+    ``step`` is the agentsaga step's context (``run_id``, ``trace``...), ``idempotency_key`` the
+    call's own key (``...:compensate`` in a compensation), ``deps`` the deps (the run's inside a tool
     call; built by ``AgentsagaDurability(deps=...)`` in a compensation)."""
 
     step: StepContext
@@ -136,9 +137,10 @@ class ToolCallContext:
 
     @property
     def http(self) -> Any:
-        """``ctx.http`` for this call: requests journaled with the step, sending this call's key."""
+        """HTTP for this call, sending its key: plain requests recorded with the step's journal event
+        (not durable calls of their own, which would shift the step's numbering on resume)."""
         if self.idempotency_key is None:
-            return self.step.http
+            raise RuntimeError("tool_context().http is only available while a tool call is performed in a step")
         if self._sub is None:
             self._sub = self.step.tools.with_key(self.idempotency_key)
         return self._sub.http
@@ -351,7 +353,7 @@ class _Backend(JournalCallableOperationBackend[dict[str, Any]]):
                 effect = _effect_of(call, request)
 
         async def perform() -> object:
-            if call is not None and request["tool"] in owner.effects:
+            if call is not None:
                 # The call's position in the step execution is fixed: so is its key (module docstring).
                 call.idempotency_key = f"{step.idempotency_key}:{owner.name}:{CALL_INDEX.get()}:{request['call_id']}"
             in_call = _IN_CALL.set(True)
