@@ -126,7 +126,7 @@ PROMPT_SUFFIX = ""  # a test changes it to stand for a prompt changed in the cod
 
 @trip.step(start=True, effect=True, compensate=durability.compensate)
 async def plan(ctx, state):
-    result = await agent.run(state["prompt"] + PROMPT_SUFFIX, deps=make_deps(ctx))
+    result = await agent.run(state["prompt"] + PROMPT_SUFFIX, deps=make_deps(ctx), run_id=state.get("agent_run_id"))
     if state.get("wait"):
         ctx.wait_for("go")  # parks the run; when it wakes, the step runs again from its first line
     return {"answer": result.output}

@@ -132,6 +132,23 @@ def test_two_tool_calls_in_one_response_killed_after_the_first_run_the_second_on
     assert_verifies(db_url, "trip-1")
 
 
+@pytest.mark.slow
+def test_a_crash_during_the_first_model_request_of_an_effect_step_resumes_it_rather_than_leaving_it_in_doubt(
+        db_url, ledger):
+    # Given an effect step whose agent run (with a run id of the caller's) is SIGKILLed during its
+    # first model request, before any call was journaled
+    state = {"prompt": "weather in Lisbon?", "agent_run_id": "my-agent-run"}
+    killed = child(db_url, "trip-1", "run", json.dumps(state), kill="model:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert read_ledger(str(ledger)) == []
+    # When a fresh process resumes it
+    resumed = outcome(child(db_url, "trip-1", "resume"))
+    # Then the step ran again (the agent's keys had been issued), and each call was made once
+    assert resumed["status"] == "completed", resumed
+    assert [e[0] for e in read_ledger(str(ledger))] == ["model", "tool", "model", "pay"]
+    assert_verifies(db_url, "trip-1")
+
+
 # -- sagas -----------------------------------------------------------------------------------------------
 def test_two_effect_tools_are_compensated_newest_first_when_a_later_step_fails(db_url, ledger):
     # Given an agent step that booked a hotel and then a car, and a payment step that fails for good

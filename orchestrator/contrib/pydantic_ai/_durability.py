@@ -255,6 +255,15 @@ class AgentsagaDurability(BaseDurabilityCapability[AgentDepsT]):
                                          lambda: step.now().isoformat())
         return datetime.fromisoformat(stamp)
 
+    async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: Any) -> Any:
+        step = self._step()
+        if step is not None:
+            # The agent's tool calls send keys made from the step's key: in an effect step, say so
+            # before anything leaves, so a crash mid-run resumes the step (the journaled calls are
+            # not repeated) instead of leaving it in doubt (docs/sagas.md, in-doubt rules).
+            step.key_sent()
+        return await super().wrap_run(ctx, handler=handler)
+
     # -- the engine ---------------------------------------------------------------------------------
     def _bind_to_agent(self, agent: Any) -> None:
         self._backend = _Backend(self)
