@@ -256,3 +256,39 @@ def test_a_call_whose_response_was_null_is_not_performed_again(db_url):
         result = orc.resume("n1")
     # Then the email was sent once: a null response is still a journaled response
     assert result.status == "completed" and len(performed) == 1
+
+
+def test_current_step_names_the_running_step_wherever_its_function_runs(sqlite_url):
+    from orchestrator.engine import current_step
+
+    seen: dict[str, object] = {}
+    flow = Workflow("current-step")
+
+    def undo(ctx, effect):
+        seen["compensation"] = current_step()
+
+    @flow.step(start=True, effect=True, compensate=undo)
+    async def on_the_loop(ctx, state):
+        seen["async"] = current_step() is ctx
+        return {}
+
+    @flow.step()
+    def inline(ctx, state):
+        seen["sync"] = current_step() is ctx
+        return {}
+
+    @flow.step(timeout=30)
+    def on_a_thread(ctx, state):
+        seen["thread"] = current_step() is ctx
+        raise RuntimeError("fail, so the first step is compensated")
+
+    flow.edge("on_the_loop", "inline")
+    flow.edge("inline", "on_a_thread")
+    flow.edge("on_a_thread", END)
+    # Given steps run on the event loop, inline, and on a thread of their own (a timeout)
+    with Orchestrator(sqlite_url, workflows=[flow]) as orc:
+        result = orc.run(flow, {})
+    # Then each saw its own context as the current step; a compensation and code outside saw none
+    assert result.status == "compensated"
+    assert seen == {"async": True, "sync": True, "thread": True, "compensation": None}
+    assert current_step() is None
