@@ -25,7 +25,7 @@ EXPORTS: dict[str, set[str]] = {
     },
     "orchestrator.engine": {
         "Engine", "EngineConfig", "EventKind", "ACTIVE_STATUSES", "TERMINAL_STATUSES", "RunState", "fold", "apply",
-        "ActiveRun", "JournalWriter", "WorkflowRegistry", "StepContext", "RunResult",
+        "ActiveRun", "JournalWriter", "WorkflowRegistry", "StepContext", "RunResult", "current_step",
     },
     "orchestrator.payload": {
         "dumps", "loads", "canonical_dumps", "Redactor", "JournalRedactor", "REDACTED", "DEFAULT_PATTERNS",

@@ -31,6 +31,13 @@ def _error(error: Any) -> str:
     return f"{error.get('type')}: {error.get('message')}"
 
 
+def _call_name(request: Any) -> str:
+    """What a durable call was to: its model, tool or URL (the report's call table says the same)."""
+    if not isinstance(request, dict):
+        return ""
+    return next((str(request[k]) for k in ("model", "tool", "name", "url") if request.get(k)), "")
+
+
 def _ms(value: Any) -> str:
     return f", {value:.1f} ms" if isinstance(value, (int, float)) else ""
 
@@ -86,8 +93,11 @@ def headline(kind: str, data: dict[str, Any]) -> str:
         return f"compensating step {step} failed after {data.get('attempts')} attempts"
     if kind == "RolledBack":
         return f"to seq {data.get('to_seq')}" + (f", next {', '.join(data['next'])}" if data.get("next") else "")
-    if kind == "CallCompleted":
-        return f"{step} call {data.get('index')} ({data.get('kind')}{_ms(data.get('ms'))})"
+    if kind in ("CallCompleted", "CallFailed"):
+        what = " ".join(part for part in (str(data.get("kind")), _call_name(data.get("request"))) if part)
+        flags = "".join(f", {flag}" for flag in ("replaced", "replayed") if data.get(flag))
+        failed = f" failed: {_error(data.get('error'))}" if kind == "CallFailed" else ""
+        return f"{step} call {data.get('index')} ({what}{_ms(data.get('ms'))}{flags}){failed}"
     if step is not None:
         return f"{step}: " + compact({k: v for k, v in data.items() if k != "step"}, 200)
     return compact(data, 200)
@@ -106,6 +116,7 @@ _DETAIL_FIELDS: dict[str, tuple[str, ...]] = {
     "RunCancelled": (),
     "SagaCompleted": ("uncompensable", "in_doubt"),
     "CallCompleted": ("request", "response"),
+    "CallFailed": ("request", "error"),
 }
 
 

@@ -96,6 +96,13 @@ def _show_lines(s: RunSummary, *, limit: int | None) -> list[str]:
         rows = [[x.index, x.first_seq if x.seq == x.first_seq else f"{x.first_seq}-{x.seq}", x.tick, x.step,
                  x.outcome, x.attempts, _ms(x.ms), _outcome_detail(x)] for x in shown]
         out.append(table(["#", "SEQ", "TICK", "STEP", "OUTCOME", "ATTEMPTS", "MS", "NEXT / ERROR"], rows))
+    calls = [(x, c) for x in shown for c in x.calls if isinstance(c, dict) and "seq" in c and "index" in c]
+    if calls:
+        # The durable calls (model requests, tool calls, HTTP) journaled by the executions shown.
+        out += ["", f"CALLS ({len(calls)} journaled)"]
+        rows = [[c["seq"], x.step, c["index"], c.get("type") or "call", c.get("name") or "", _ms(c.get("ms")),
+                 ", ".join(flag for flag in ("effect", "replaced", "replayed") if c.get(flag))] for x, c in calls]
+        out.append(table(["SEQ", "STEP", "#", "KIND", "NAME", "MS", ""], rows))
     if s.effects:
         out += ["", "EFFECTS AND COMPENSATIONS"]
         rows = [[e["seq"], e["step"], e["key"], e["status"] if e["compensable"] else "no compensation",

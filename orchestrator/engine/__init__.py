@@ -6,7 +6,7 @@ names are for reading journals (``EventKind``, ``RunState``, ``fold``) and for w
 into something else (``Engine``).
 """
 
-from orchestrator.engine.context import StepContext
+from orchestrator.engine.context import StepContext, current_step
 from orchestrator.engine.core import Engine, EngineConfig
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES, EventKind
 from orchestrator.engine.fold import RunState, apply, fold
@@ -27,5 +27,6 @@ __all__ = [
     "JournalWriter",
     "WorkflowRegistry",
     "StepContext",
+    "current_step",
     "RunResult",
 ]

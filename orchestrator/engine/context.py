@@ -9,14 +9,38 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from orchestrator.engine.services import DurableCalls, StepTools, ToolsForSteps
 
-__all__ = ["StepContext"]
+__all__ = ["StepContext", "current_step", "running"]
 
 _log = logging.getLogger("agentsaga.step")
+
+# The step whose function is running in this task or thread. For integrations that are called
+# without the step's context in hand (an agent framework's durability capability, called from
+# inside ``agent.run``), so the user does not have to thread ``ctx`` through a library that does not
+# know about it. Set by the step runner only around the step function itself: a compensation, a
+# check hook or code outside any step sees None.
+_CURRENT: ContextVar["StepContext | None"] = ContextVar("agentsaga_current_step", default=None)
+
+
+def current_step() -> "StepContext | None":
+    """The ``StepContext`` of the step running in this task or thread, or None outside a step."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def running(ctx: "StepContext") -> Iterator[None]:
+    """Make ``ctx`` the current step for the code inside (what the step runner does)."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
 
 
 class StepContext:
@@ -39,8 +63,10 @@ class StepContext:
     - ``ctx.tools``: this attempt's tools, for integrations (model clients) that make calls of their own
     """
 
+    # __weakref__: an integration may keep per-execution state keyed by the context (weakly, so it
+    # goes with the step execution).
     __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "_key", "_on_key", "_log", "_trace",
-                 "_clock", "_t0", "_tools", "_make_tools", "_durable", "_revoked")
+                 "_clock", "_t0", "_tools", "_make_tools", "_durable", "_revoked", "__weakref__")
 
     def __init__(
         self,

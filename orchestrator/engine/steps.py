@@ -12,6 +12,7 @@ then fails the run or starts its saga.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import inspect
 import threading
@@ -21,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from compensations import Compensations, resolve_check, resolve_compensation
-from orchestrator.engine.context import StepContext
+from orchestrator.engine.context import StepContext, running
 from orchestrator.engine.durable import DurableExecution, Suspend
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, JournalWriter
@@ -347,16 +348,17 @@ class StepRunner:
         nothing it does afterwards reaches the journal or leaves through ``ctx`` (durable calls,
         ``ctx.http``); what it did before is in doubt, like after a crash (docs/guarantees.md)."""
         timeout = step.timeout
-        if step.is_async:
+        with running(ctx):  # current_step() for integrations; tasks and threads below copy it
+            if step.is_async:
+                if timeout is None:
+                    return await step.fn(ctx, view)
+                return await with_timeout(step.fn(ctx, view), timeout, step.name, on_timeout=ctx.revoke)
+            if timeout is None and not offload:
+                return step.fn(ctx, view)
             if timeout is None:
-                return await step.fn(ctx, view)
-            return await with_timeout(step.fn(ctx, view), timeout, step.name, on_timeout=ctx.revoke)
-        if timeout is None and not offload:
-            return step.fn(ctx, view)
-        if timeout is None:
-            return await asyncio.to_thread(step.fn, ctx, view)
-        return await with_timeout(_on_daemon_thread(step.fn, ctx, view, name=step.name), timeout, step.name,
-                                  on_timeout=ctx.revoke)
+                return await asyncio.to_thread(step.fn, ctx, view)
+            return await with_timeout(_on_daemon_thread(step.fn, ctx, view, name=step.name), timeout, step.name,
+                                      on_timeout=ctx.revoke)
 
 
 def _on_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Awaitable[Any]:
@@ -369,9 +371,11 @@ def _on_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Awaitabl
         if not future.done():
             (future.set_result if ok else future.set_exception)(value)
 
+    context = contextvars.copy_context()  # a bare thread starts with an empty context
+
     def target() -> None:
         try:
-            outcome: tuple[bool, Any] = (True, fn(*args))
+            outcome: tuple[bool, Any] = (True, context.run(fn, *args))
         except BaseException as exc:  # handed to the awaiting task, whatever it is
             outcome = (False, exc)
         try:

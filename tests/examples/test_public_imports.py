@@ -14,7 +14,12 @@ OURS = {"orchestrator", "workflows", "compensations", "store"}
 
 def public_names(module_name: str) -> set[str]:
     """What a user may import from ``module_name``: a package's ``__all__`` (a module inside one is not public)."""
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # an optional extra (pydantic-ai) missing here; CI installs them all
+        if exc.name is None or exc.name.split(".")[0] in OURS:
+            raise
+        pytest.skip(f"{module_name} needs {exc.name}, not installed here")
     assert hasattr(module, "__path__"), f"{module_name} is a module, not a package: import from its package"
     assert hasattr(module, "__all__"), f"{module_name} has no __all__, so nothing in it is public yet"
     return set(module.__all__)

@@ -274,3 +274,39 @@ def test_a_request_that_is_not_a_json_object_is_refused_at_the_call(db_url):
     # Then the step fails saying what to do, nothing was performed, and nothing odd was journaled
     assert result.status == "failed" and "must be a JSON object" in result.error and "wrap it" in result.error
     assert performed == [] and "CallCompleted" not in journal
+
+
+def test_current_step_names_the_running_step_wherever_its_function_runs(sqlite_url):
+    from orchestrator.engine import current_step
+
+    seen: dict[str, object] = {}
+    flow = Workflow("current-step")
+
+    def undo(ctx, effect):
+        seen["compensation"] = current_step()
+
+    @flow.step(start=True, effect=True, compensate=undo)
+    async def on_the_loop(ctx, state):
+        seen["async"] = current_step() is ctx
+        return {}
+
+    @flow.step()
+    def inline(ctx, state):
+        seen["sync"] = current_step() is ctx
+        return {}
+
+    @flow.step(timeout=30)
+    def on_a_thread(ctx, state):
+        seen["thread"] = current_step() is ctx
+        raise RuntimeError("fail, so the first step is compensated")
+
+    flow.edge("on_the_loop", "inline")
+    flow.edge("inline", "on_a_thread")
+    flow.edge("on_a_thread", END)
+    # Given steps run on the event loop, inline, and on a thread of their own (a timeout)
+    with Orchestrator(sqlite_url, workflows=[flow]) as orc:
+        result = orc.run(flow, {})
+    # Then each saw its own context as the current step; a compensation and code outside saw none
+    assert result.status == "compensated"
+    assert seen == {"async": True, "sync": True, "thread": True, "compensation": None}
+    assert current_step() is None
