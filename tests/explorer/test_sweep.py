@@ -20,7 +20,13 @@ import os
 
 import pytest
 from explorer_flows import FLOWS
-from explorer_harness import Plan, check, check_reference, explore, outgoing_calls_instrumented
+from explorer_harness import (
+    Plan,
+    check,
+    check_reference,
+    explore,
+    outgoing_calls_instrumented,
+)
 
 
 def only(flow: str) -> set[int] | None:
