@@ -243,6 +243,8 @@ class World:
     #: (process, step, tick, epoch) of every step execution, in order
     executions: list[tuple[str, str, int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    #: where a child process appends its executions and violations (they must outlive a SIGKILL)
+    ledger_path: str | None = None
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -257,10 +259,30 @@ class World:
             raise RuntimeError("explorer flows run only inside a Process (see drive())")
         process.fence()
         epoch, completed = self._journal_seen(process.store, ctx.run_id)
+        violation = None
         if (ctx.step, ctx.tick, epoch) in completed:
-            self.violations.append(f"step {ctx.step!r} (tick {ctx.tick}, epoch {epoch}) executed again by "
-                                   f"{process.name} after its completion was journaled (invariant 1)")
+            violation = (f"step {ctx.step!r} (tick {ctx.tick}, epoch {epoch}) executed again by {process.name} "
+                         "after its completion was journaled (invariant 1)")
+            self.violations.append(violation)
         self.executions.append((process.name, ctx.step, ctx.tick, epoch))
+        if self.ledger_path is not None:
+            line = json.dumps({"process": process.name, "step": ctx.step, "tick": ctx.tick, "epoch": epoch,
+                               "violation": violation})
+            with open(self.ledger_path, "a", encoding="utf-8") as fh:  # one whole line, on disk before going on
+                fh.write(line + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def read_ledger(self) -> None:
+        """Take in what a child process wrote to the ledger file before it died."""
+        if self.ledger_path is None or not os.path.exists(self.ledger_path):
+            return
+        with open(self.ledger_path, encoding="utf-8") as fh:
+            for line in fh:
+                entry = json.loads(line)
+                self.executions.append((entry["process"], entry["step"], entry["tick"], entry["epoch"]))
+                if entry["violation"]:
+                    self.violations.append(entry["violation"])
 
     def _journal_seen(self, store: Any, run_id: str) -> tuple[int, set[tuple[str, int, int]]]:
         """The rollback epoch and the completed (step, tick, epoch) of the journal as it stands now (read
@@ -336,27 +358,35 @@ def drive(flow: Any, world: World, orc: Orchestrator, process: Process, run_id: 
 
 
 def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: Plan, *,
-            chat_url: str | None = None) -> Outcome:
-    """Run one scenario: a first process with ``plan``; if it died or faulted, a fresh one finishes."""
+            chat_url: str | None = None, child: Callable[[World], Any] | None = None) -> Outcome:
+    """Run one scenario: a first process with ``plan``; if it died or faulted, a fresh one finishes.
+
+    With ``child``, the first process is a real one: ``child(world)`` runs it (it SIGKILLs itself at
+    the plan's point) and returns once it is gone; this process then takes the run over."""
     service = BookingService()
     service.start()
     try:
         world = World(service=service, clock=FakeClock(T0), chat_url=chat_url)
         flow = flow_factory(world)
-        if getattr(flow, "prepare", None):
-            flow.prepare(world)
+        flow.prepare(world)
         first = Process("gen0", plan)
-        orcs = [make_orchestrator(url, first, world, [flow.workflow])]
         processes = [first]
+        orcs: list[Orchestrator] = []
         result: RunResult | None = None
         try:
-            try:
-                result = drive(flow, world, orcs[0], first, run_id)
-            except ProcessDied:
-                pass
-            except StoreUnavailableError:
-                if first.faulted is None:
-                    raise
+            if child is not None:
+                child(world)
+                world.read_ledger()
+                first.dead = f"point {plan.at} (SIGKILL)"
+            else:
+                orcs.append(make_orchestrator(url, first, world, [flow.workflow]))
+                try:
+                    result = drive(flow, world, orcs[0], first, run_id)
+                except ProcessDied:
+                    pass
+                except StoreUnavailableError:
+                    if first.faulted is None:
+                        raise
             if first.dead is not None:
                 # The dead process's successor: a new process with a store (and connections) of its own.
                 second = Process("gen1")

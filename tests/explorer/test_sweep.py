@@ -8,7 +8,8 @@ executed again, no booking taken twice, every compensation once and newest first
 status and state, and ``verify`` clean.
 
 The same sweep with faults instead of deaths: at every store write, the write fails once (nothing
-written) or commits with its reply lost; the process lives on and resumes the run itself.
+written) or commits with its reply lost (the two alternate along the writes, the other way round on
+the other backend); the process lives on and resumes the run itself.
 
 One test per (flow, backend) reports every failing k with its reproduction line. To replay one
 point: ``EXPLORER_ONLY=trip:17 python -m pytest tests/explorer/test_sweep.py -k "crash and trip"``.
@@ -51,10 +52,12 @@ def sweep(kind: str, name: str, db_url: str, chat_url: str, backend: str, explor
         chosen = only(name)
         if chosen is not None:
             ks = [k for k in ks if k in chosen]
-        modes = ["crash"] if kind == "crash" else ["raise", "lost"]
         failures = []
         explored_n = 0
-        for k in ks:
+        for i, k in enumerate(ks):
+            # Faults alternate between the two kinds, the other way round on the other backend: across
+            # both backends every store write both fails once and loses its reply.
+            modes = ["crash"] if kind == "crash" else [("raise", "lost")[(i + (backend == "postgres")) % 2]]
             for mode in modes:
                 outcome = explore(flow, db_url, f"{name}-{mode}-{k}", Plan(at=k, what=mode), chat_url=chat_url)
                 explored_n += 1
