@@ -129,20 +129,21 @@ class Fanout(Flow):
 
 
 class Approval(Flow):
-    """A draft held at a hotel, waiting for a human's approval: the reviewer first rolls it back (the
-    hold is cancelled, a second draft is made and held), then approves; a durable timer cools off
-    before the draft is published through ``ctx.http`` from a plain step."""
+    """A draft (its writer fails once: the step retries) held at a hotel, waiting for a human's
+    approval: the reviewer first rolls it back with feedback (the hold is cancelled, a second draft
+    is made and held), then approves; a durable timer cools off before the draft is published
+    through ``ctx.http`` from a plain step."""
 
     status = "completed"
 
     def __init__(self, world: Any) -> None:
         wf = Workflow("approval", version="1")
 
-        @wf.step(start=True)
+        @wf.step(start=True, retry=Retry(attempts=3, initial=2.0, jitter=False))
         def draft(ctx, state):
             world.executed(ctx)
-            version = "v2" if state.get("feedback") else "v1"
-            text = ctx.durable_call("writer", {"version": version}, lambda: f"draft {version}")
+            version = f"v{state.get('feedback', 0) + 1}"
+            text = ctx.durable_call("writer", {"version": version}, lambda: world.flaky("writer", f"draft {version}"))
             return {"draft": version, "text": text}
 
         @wf.step(effect=True, resend=True, compensate=_cancel(world, "hotels", "hold"))
@@ -183,7 +184,7 @@ class Approval(Flow):
             return orc.resume(run_id)
         if not any(e["kind"] == "SagaStarted" and e["data"].get("reason") == "rollback" for e in history):
             # The reviewer rejects the first draft: back to before it, with feedback.
-            return orc.rollback(run_id, to="draft", input={"feedback": "shorter"})
+            return orc.rollback(run_id, to="draft", input={"feedback": 1})
         if not orc.store.signals.pending(run_id, "approval"):  # a sender that checks before re-sending
             orc.signal(run_id, "approval", {"by": "ann"})
         return orc.resume(run_id)

@@ -245,12 +245,20 @@ class World:
     violations: list[str] = field(default_factory=list)
     #: where a child process appends its executions and violations (they must outlive a SIGKILL)
     ledger_path: str | None = None
+    failed_once: set[str] = field(default_factory=set)
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def api(self) -> str:
         assert self.service.url is not None
         return self.service.url
+
+    def flaky(self, what: str, value: Any) -> Any:
+        """The outside world failing the first time it is asked for ``what`` (a step's retry covers it)."""
+        if what not in self.failed_once:
+            self.failed_once.add(what)
+            raise ConnectionError(f"{what}: the service dropped the connection")
+        return value
 
     def executed(self, ctx: Any) -> None:
         """A step body starts: fenced for a dead process; a step already completed must not run."""
