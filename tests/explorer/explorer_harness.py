@@ -396,6 +396,10 @@ def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: P
                     if first.faulted is None:
                         raise
             if first.dead is not None:
+                # Its connections die with it (the server sees them drop); threads it left behind are fenced.
+                for orc in orcs:
+                    abandon(orc)
+                orcs.clear()
                 # The dead process's successor: a new process with a store (and connections) of its own.
                 second = Process("gen1")
                 processes.append(second)
