@@ -11,7 +11,8 @@ import pytest
 # modules (explorer_*.py) are imported by name from this folder.
 sys.path.insert(0, str(Path(__file__).parent))
 
-#: (sweep, workflow, backend) -> (crash points explored, violations found), filled by the sweeps
+#: (sweep, workflow, backend) -> (points explored, violations found), filled by the sweeps: crash
+#: points for "crash" and "sigkill", store writes for "fault"
 EXPLORED: dict[tuple[str, str, str], tuple[int, int]] = {}
 
 
@@ -35,6 +36,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if not EXPLORED:
         return
     terminalreporter.section("crash-point explorer")
+    unit = {"crash": "crash points", "sigkill": "crash points (SIGKILL)", "fault": "store writes faulted"}
     for (sweep, flow, backend), (points, violations) in sorted(EXPLORED.items()):
-        terminalreporter.write_line(f"{sweep:10} {flow:9} {backend:8} {points:4} points explored, "
+        terminalreporter.write_line(f"{sweep:8} {flow:9} {backend:8} {points:4} {unit.get(sweep, 'points')} explored, "
                                     f"{violations} violations")

@@ -5,9 +5,10 @@ signals, a durable timer, compensation, rollback and the tool-calling loop. Ever
 names its logical request (``{"room": "A"}``, ``{"hold": "v2"}``), independently of the engine's
 keys, so the booking service's ledger can tell a duplicated effect from a new one.
 
-Parallel branches are async steps that talk to the world with the sync ``ctx.http`` (the loop is
-not yielded inside them), so the order of crash points is the same on every run: crash point k is
-one reproducible moment. Each flow is built per exploration (``FLOWS[name](world)``): its steps
+The ``fanout`` flow's parallel branches are async steps that talk to the world with the sync
+``ctx.http`` (the loop is not yielded inside them), so the order of its crash points is the same on
+every run: crash point k is one reproducible moment. The ``threads`` flow runs its branches on real
+threads instead: its number of crash points is fixed, their order between the threads is not. Each flow is built per exploration (``FLOWS[name](world)``): its steps
 close over that exploration's world (service URL, clock, execution ledger).
 """
 
@@ -128,6 +129,43 @@ class Fanout(Flow):
         self.workflow = wf
 
 
+class Threads(Flow):
+    """Parallel sync branches on real threads, each an effect: when one branch's thread dies, its
+    sibling is left running, and everything it does afterwards must be fenced off. The order of
+    crash points between the two threads is the scheduler's: point k names a moment of this run."""
+
+    status = "completed"
+
+    def __init__(self, world: Any) -> None:
+        wf = Workflow("threads", version="1")
+
+        @wf.step(start=True)
+        def split(ctx, state):
+            world.executed(ctx)
+            return {}
+
+        @wf.step(effect=True, resend=True)
+        def outbound(ctx, state):
+            world.executed(ctx)
+            return {"flight": ctx.http.post(f"{world.api}/flights", json={"flight": "out"}).json()["id"]}
+
+        @wf.step(effect=True, resend=True)
+        def rental(ctx, state):
+            world.executed(ctx)
+            return {"car": ctx.http.post(f"{world.api}/cars", json={"car": "rental"}).json()["id"]}
+
+        @wf.step()
+        def done(ctx, state):
+            world.executed(ctx)
+            return {"both": [state["flight"], state["car"]]}
+
+        wf.edge("split", "outbound")
+        wf.edge("split", "rental")
+        wf.edge(["outbound", "rental"], "done")
+        wf.edge("done", END)
+        self.workflow = wf
+
+
 class Approval(Flow):
     """A draft (its writer fails once: the step retries) held at a hotel, waiting for a human's
     approval: the reviewer first rolls it back with feedback (the hold is cancelled, a second draft
@@ -235,4 +273,5 @@ def chat_script(request: dict[str, Any], n: int) -> Any:
                              {"name": "book", "arguments": {"venue": "Belem Loft"}, "id": "call_belem"}])
 
 
-FLOWS: dict[str, type[Flow]] = {"trip": Trip, "fanout": Fanout, "approval": Approval, "agent": Agent}
+FLOWS: dict[str, type[Flow]] = {"trip": Trip, "fanout": Fanout, "threads": Threads, "approval": Approval,
+                                "agent": Agent}

@@ -57,7 +57,8 @@ class ProcessDied(BaseException):
 
 @dataclass(frozen=True)
 class Plan:
-    """What happens at crash point ``at``: ``crash`` (die), ``kill`` (SIGKILL), ``raise`` or ``lost``."""
+    """What happens at crash point ``at``: ``crash`` (die) or ``kill`` (SIGKILL); or at the ``at``-th
+    store write: ``raise`` (it fails, nothing written) or ``lost`` (it commits, its caller hears it failed)."""
 
     at: int | None = None
     what: str = "crash"
@@ -76,6 +77,8 @@ class Process:
         self.points: list[str] = []
         self.dead: str | None = None
         self.faulted: str | None = None
+        #: store writes begun (what a fault's ``at`` counts)
+        self.writes = 0
         self.store: Any = None
         self._lock = threading.Lock()
 
@@ -97,10 +100,14 @@ class Process:
             return k
 
     def fault_here(self, k: int) -> str | None:
-        """The fault planned for a store write at point ``k`` (``raise`` / ``lost``), once."""
-        if k == self.plan.at and self.plan.what in ("raise", "lost") and self.faulted is None:
-            self.faulted = f"point {k} ({self.points[k - 1]})"
-            return self.plan.what
+        """The fault planned for the store write at point ``k`` (``raise`` / ``lost``), once. A fault's
+        ``at`` counts store writes, not crash points (their number does not depend on how threads
+        interleave with outgoing calls)."""
+        with self._lock:
+            self.writes += 1
+            if self.writes == self.plan.at and self.plan.what in ("raise", "lost") and self.faulted is None:
+                self.faulted = f"write {self.writes}, point {k} ({self.points[k - 1]})"
+                return self.plan.what
         return None
 
 

@@ -47,8 +47,8 @@ def sweep(kind: str, name: str, db_url: str, chat_url: str, backend: str, explor
         points = reference.points
         if kind == "crash":
             ks = list(range(1, len(points) + 1))
-        else:  # faults hit store writes only
-            ks = [k for k, label in enumerate(points, 1) if label.startswith("before ")]
+        else:  # faults hit store writes only: k counts them
+            ks = list(range(1, sum(label.startswith("before ") for label in points) + 1))
         chosen = only(name)
         if chosen is not None:
             ks = [k for k in ks if k in chosen]
@@ -66,12 +66,14 @@ def sweep(kind: str, name: str, db_url: str, chat_url: str, backend: str, explor
                 if hit is None:
                     problems.append(f"point {k} was never reached (the flow is not deterministic)")
                 if problems:
-                    failures.append(f"{mode} at k={k} ({points[k - 1]}) on {backend}: " + "; ".join(problems)
+                    where = f"point {k} ({points[k - 1]})" if kind == "crash" else f"store write {k}"
+                    failures.append(f"{mode} at {where} on {backend}: " + "; ".join(problems)
                                     + f"\n    reproduce: EXPLORER_ONLY={name}:{k} python -m pytest -p no:cacheprovider "
                                       f"tests/explorer/test_sweep.py -k '{kind} and {name} and {backend}'")
     explored[(kind, name, backend)] = (explored_n, len(failures))
     print(f"explorer {kind}: {name} on {backend}: {len(points)} crash points in the reference run, "
-          f"{explored_n} explored, {len(failures)} violations")
+          f"{explored_n} {'crash points' if kind == 'crash' else 'store writes'} explored, "
+          f"{len(failures)} violations")
     assert not failures, "\n".join(failures)
 
 
