@@ -36,7 +36,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if not EXPLORED:
         return
     terminalreporter.section("crash-point explorer")
-    unit = {"crash": "crash points", "sigkill": "crash points (SIGKILL)", "fault": "store writes faulted"}
+    unit = {"crash": "crash points", "sigkill": "crash points (SIGKILL)", "fault": "store writes"}
     for (sweep, flow, backend), (points, violations) in sorted(EXPLORED.items()):
         terminalreporter.write_line(f"{sweep:8} {flow:9} {backend:8} {points:4} {unit.get(sweep, 'points')} explored, "
                                     f"{violations} violations")
