@@ -3,8 +3,8 @@
 The run is the explorer's approval flow (a draft whose writer fails once and is retried, a hold at
 a hotel, a wait for a signal, a durable timer, a publication). The rules are what the outside world
 and the processes can do, in any order: resume the run, send the approval signal (even before the
-run waits for it, or twice), let time pass, roll back to the draft with new feedback, and kill the
-process between two moves. Any move but the clock may also be cut short by a crash at its n-th
+run waits for it, or twice), let time pass, roll back to the draft with new feedback, recover every
+run once the leases lapsed (as a worker does), and kill the process between two moves. Any move but the clock may also be cut short by a crash at its n-th
 crash point or by a store write that fails once or loses its reply. After every move the journal
 verifies, no completed step ran again, no booking took effect twice and no cancellation happened
 twice; at the end a fresh process drives the run to completion and every draft that was rolled
@@ -24,6 +24,7 @@ import pytest
 from explorer_flows import Approval
 from explorer_harness import (
     CURRENT,
+    LEASE_TTL,
     T0,
     Plan,
     Process,
@@ -135,6 +136,14 @@ class Interleavings(RuleBasedStateMachine):
             self.orc.rollback(self.run_id, to="draft", input={"feedback": feedback})
         self.rollbacks = feedback  # a rollback cut short may or may not have been journaled
         self._move(fault, move)
+
+    @rule(fault=FAULTS)
+    def recover_once_the_lease_lapsed(self, fault) -> None:
+        """A worker's sweep: time passes beyond any lease, and every run it may take is recovered."""
+        if self._status() is None:
+            return
+        self.world.clock.advance(LEASE_TTL + 1)
+        self._move(fault, self.orc.recover)
 
     @rule()
     def kill_the_process(self) -> None:
