@@ -45,6 +45,7 @@ from hypothesis.stateful import (
 )
 
 from orchestrator import RunStateError
+from orchestrator.engine import TERMINAL_STATUSES
 from orchestrator.testing import BookingService, FakeClock
 from store import RunNotFoundError, StoreUnavailableError
 
@@ -143,7 +144,13 @@ class Interleavings(RuleBasedStateMachine):
         if self._status() is None:
             return
         self.world.clock.advance(LEASE_TTL + 1)
+        generation = self.generation
         self._move(fault, self.orc.recover)
+        if self.generation == generation and self.process.faulted is None:
+            # A sweep that ran to its end left no run behind that it could take: every lease had
+            # lapsed, so the run is finished, or parked waiting for what it waits for.
+            status = self._status()
+            assert status in TERMINAL_STATUSES or status == "waiting", f"recover left the run {status}"
 
     @rule()
     def kill_the_process(self) -> None:
