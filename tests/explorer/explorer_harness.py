@@ -445,6 +445,15 @@ def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: P
         threading.Thread(target=service.stop, name="explorer-service-stop", daemon=True).start()
 
 
+def only(flow: str) -> set[int] | None:
+    """``EXPLORER_ONLY=flow:k[,k...]``: explore just those points of that flow (None: all of them)."""
+    spec = os.environ.get("EXPLORER_ONLY")
+    if not spec:
+        return None
+    name, _, ks = spec.partition(":")
+    return {int(k) for k in ks.split(",")} if name == flow else set()
+
+
 # -- the invariants ------------------------------------------------------------------------------------
 def _body_id(entry: dict[str, Any]) -> str:
     return f"{entry['kind']} {json.dumps(entry.get('body'), sort_keys=True)}"
