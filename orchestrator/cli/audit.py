@@ -182,7 +182,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # -- fork ------------------------------------------------------------------------------------------
 def cmd_fork(args: argparse.Namespace) -> int:
-    with open_orchestrator(args, app=True) as orc:
+    with open_orchestrator(args, app=True, existing=True) as orc:
         new_id = orc.fork(args.run_id, from_step=args.from_step, run_id=args.new_run_id)
         first = orc.history(new_id)[0]["data"]
         result = orc.resume(new_id) if args.run else None

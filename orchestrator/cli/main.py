@@ -28,9 +28,11 @@ from orchestrator.cli.common import CommandError, UsageError, add_app_flag, add_
 from orchestrator.cli.common import open_orchestrator as _orchestrator
 from orchestrator.cli.common import open_reader
 from orchestrator.cli.common import parse_json as _parse_json
+from orchestrator.cli.common import parse_object
 from orchestrator.cli.common import parse_time as _parse_time
 from orchestrator.cli.config import ConfigError
-from orchestrator.engine.result import RunResult
+from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
+from orchestrator.engine.result import FAILED_STATUSES, RunResult
 from orchestrator.cli.term import json_line, safe, table, when
 from orchestrator.errors import OrchestratorError
 from store import RunRecord, StoreError
@@ -42,13 +44,18 @@ __all__ = ["main", "build_parser"]
 def _result_json(res: RunResult) -> dict[str, Any]:
     state = res.state.model_dump() if hasattr(res.state, "model_dump") else res.state
     out = {"run_id": res.run_id, "workflow": res.workflow, "status": res.status, "seq": res.seq,
-           "error": res.error, "state": json.loads(codec.dumps(state))}
+           "error": res.error, "failed_step": res.failed_step, "state": json.loads(codec.dumps(state))}
     if res.note:
         out["note"] = res.note
     return out
 
 
 def _print_result(res: RunResult, as_json: bool) -> None:
+    if res.status in FAILED_STATUSES:  # on stderr too, so a failure is never lost in the output
+        print(f"agentsaga: {safe(res.failure_line())}", file=sys.stderr)
+    elif res.status == "waiting":
+        print(f"agentsaga: run {safe(res.run_id)} is waiting (for a signal or a timer); send a signal with "
+              f"`agentsaga signal {safe(res.run_id)} NAME --resume`", file=sys.stderr)
     if as_json:
         print(json_line(_result_json(res)))
         return
@@ -61,8 +68,16 @@ def _print_result(res: RunResult, as_json: bool) -> None:
         print(f"note: {safe(res.note)}")
 
 
+#: ``run``, ``resume``, ``rollback``: 0 the run completed; 1 it ended failed, compensated,
+#: compensation_failed or cancelled (the failure is on stderr), or the operation failed; 2 bad
+#: usage; 4 the run is waiting for a signal or a timer (not finished, not failed).
+EXIT_WAITING = 4
+
+
 def _exit_code(res: RunResult) -> int:
-    return 0 if res.status == "completed" else 1
+    if res.status == "completed":
+        return 0
+    return EXIT_WAITING if res.status == "waiting" else 1
 
 
 # -- verbs ---------------------------------------------------------------------------------------
@@ -71,11 +86,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.input_file:
         try:
             with open(args.input_file, encoding="utf-8") as fh:
-                payload = _parse_json(fh.read(), f"--input-file {args.input_file!r}")
+                payload = parse_object(fh.read(), f"--input-file {args.input_file!r}")
         except OSError as exc:
             raise UsageError(f"cannot read --input-file {args.input_file!r}: {exc.strerror}") from None
     else:
-        payload = _parse_json(args.input, "--input") if args.input else {}
+        payload = parse_object(args.input, "--input") if args.input else {}
     with _orchestrator(args, [wf, *[o for o in others if o is not wf]]) as orc:
         res = orc.run(wf, payload, run_id=args.run_id)
     _print_result(res, args.json)
@@ -83,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    with _orchestrator(args, app=True) as orc:
+    with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.resume(args.run_id, allow_graph_change=args.allow_graph_change or None)
     _print_result(res, args.json)
     return _exit_code(res)
@@ -107,7 +122,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    with _orchestrator(args, app=True) as orc:
+    with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
     _print_result(res, args.json)
     return 0
@@ -115,7 +130,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_signal(args: argparse.Namespace) -> int:
     payload = _parse_json(args.data, "--data") if args.data is not None else None
-    with _orchestrator(args) as orc:
+    with _orchestrator(args, existing=True) as orc:
         orc.signal(args.run_id, args.name, payload)
     print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; "
           "it continues on the next `agentsaga recover` (or a worker)")
@@ -123,7 +138,7 @@ def cmd_signal(args: argparse.Namespace) -> int:
 
 
 def cmd_compensate(args: argparse.Namespace) -> int:
-    with _orchestrator(args, app=True) as orc:
+    with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.compensate(args.run_id)
     _print_result(res, args.json)
     return 0 if res.status == "compensated" else 1
@@ -131,10 +146,8 @@ def cmd_compensate(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     to: int | str = int(args.to) if args.to.isdigit() else args.to
-    payload = _parse_json(args.input, "--input") if args.input else None
-    if payload is not None and not isinstance(payload, dict):
-        raise UsageError("--input must be a JSON object (it is merged into the checkpoint's state)")
-    with _orchestrator(args, app=True) as orc:
+    payload = parse_object(args.input, "--input") if args.input else None  # merged into the checkpoint's state
+    with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.rollback(args.run_id, to=to, input=payload, next_step=args.next)
     _print_result(res, args.json)
     return _exit_code(res)
@@ -149,8 +162,16 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
     }
 
 
+#: Every status a run can have (``dead``: moved aside after too many failed recoveries).
+RUN_STATUSES = (*ACTIVE_STATUSES, *sorted(TERMINAL_STATUSES), "dead")
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
-    status = [s for part in args.status for s in part.split(",") if s] if args.status else None
+    status = [s.strip() for part in args.status for s in part.split(",") if s.strip()] if args.status else None
+    unknown = [s for s in status or () if s not in RUN_STATUSES]
+    if unknown:
+        raise UsageError(f"--status {', '.join(map(repr, unknown))} is not a run status; valid statuses: "
+                         + ", ".join(RUN_STATUSES))
     since, until = _parse_time(args.since), _parse_time(args.until)
     with open_reader(args) as orc:
         runs = orc.list_runs(status=status, workflow=args.workflow, since=since, until=until, limit=args.limit,
