@@ -153,9 +153,9 @@ def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *
     the project config's redaction; progress lines on when asked or when stderr is a terminal.
     ``existing``: the verb works on a run that must already exist (resume, signal, cancel, ...), so
     a SQLite file that does not exist is an error naming it, not a new empty database."""
+    config = project_config(args)
     if existing:
         _require_database(args)
-    config = project_config(args)
     registered = list(workflows)
     if app:
         registered += [wf for wf in app_workflows(args) if not any(wf is w for w in registered)]

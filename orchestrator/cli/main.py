@@ -130,10 +130,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_signal(args: argparse.Namespace) -> int:
     payload = _parse_json(args.data, "--data") if args.data is not None else None
+    if args.resume:
+        with _orchestrator(args, app=True, existing=True) as orc:
+            res = orc.signal(args.run_id, args.name, payload, resume=True)
+        assert res is not None
+        if res.note:  # a live process drives the run: the signal was only delivered
+            print(f"{safe(res.note)}; run {safe(res.run_id)} is {res.status}")
+            return 0
+        _print_result(res, args.json)
+        return _exit_code(res)
     with _orchestrator(args, existing=True) as orc:
         orc.signal(args.run_id, args.name, payload)
-    print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; "
-          "it continues on the next `agentsaga recover` (or a worker)")
+    if args.json:
+        print(json_line({"run_id": args.run_id, "signal": args.name, "delivered": True, "resumed": False}))
+        return 0
+    print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; a worker continues it, or "
+          f"`agentsaga recover`; without a worker, send it with --resume to continue the run here")
     return 0
 
 
@@ -246,10 +258,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_app_flag(p)
     add_progress_flag(p)
 
-    p = verb("signal", cmd_signal, "send a signal (e.g. a human's approval) to a run", json_flag=False)
+    p = verb("signal", cmd_signal, "send a signal (e.g. a human's approval) to a run; with --resume also "
+             "continue the run here when no worker is driving it")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--data", metavar="JSON", help="the signal's data as JSON")
+    p.add_argument("--resume", action="store_true",
+                   help="also drive the run in this process until it ends or waits again (needs --app); if a "
+                        "worker holds the run, the signal is only delivered and the worker continues it. "
+                        "Without --resume a worker (or `agentsaga recover`) continues the run")
+    add_app_flag(p)
+    add_progress_flag(p)
 
     p = verb("compensate", cmd_compensate, "retry the remaining compensations of a compensation_failed run")
     p.add_argument("run_id", metavar="RUN")

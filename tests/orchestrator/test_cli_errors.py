@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from audit_helpers import AUDITFLOW, CRASHFLOW, agentsaga, assert_one_line_error, load  # noqa: E402
+from audit_helpers import AUDITFLOW, CRASHFLOW, agentsaga, assert_one_line_error, load
 
-from orchestrator import Orchestrator, RunFailedError  # noqa: E402
-from workflows import Workflow  # noqa: E402
+from orchestrator import Orchestrator, RunFailedError
+from workflows import Workflow
 
 DECLINED = json.dumps({"decline": True, "reason": "by the bank"})
 
@@ -168,7 +168,8 @@ def test_verbs_on_an_existing_run_never_create_a_database(tmp_path, args):
     env = {k: v for k, v in os.environ.items() if k != "AGENTSAGA_DB"}
     exe = Path(sys.executable).parent / "agentsaga"
     # When a verb that reads a run, or works on one that must exist, is run there
-    done = subprocess.run([str(exe), *args], cwd=work, capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([str(exe), *args], cwd=work, capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
     # Then it fails naming the database file it looked for, and creates none
     assert done.returncode == 1, done.stdout
     assert_one_line_error(done, "no database at 'agentsaga.db'", str(work))
