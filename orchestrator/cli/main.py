@@ -3,7 +3,9 @@
 ``--db URL`` (default: ``AGENTSAGA_DB``, else a SQLite file in the working directory) and
 ``--debug`` go before or after the verb: ``agentsaga --db URL runs`` and ``agentsaga runs --db URL``
 are the same. Errors are one line on stderr and a non-zero exit (1 for a failed operation, 2 for
-bad usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json``.
+bad usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json``. A run that
+ends failed, compensated, compensation_failed or cancelled is printed on stderr (run, step, error)
+and exits 1; a run left waiting for a signal or timer exits 4 (``EXIT_CODES`` below, ``--help``).
 
 Which code runs (invariant 11): verbs that drive runs (resume, recover, cancel, compensate,
 rollback, fork, worker) drive only workflows of the app named with ``--app``, ``AGENTSAGA_APP`` or
@@ -68,10 +70,15 @@ def _print_result(res: RunResult, as_json: bool) -> None:
         print(f"note: {safe(res.note)}")
 
 
-#: ``run``, ``resume``, ``rollback``: 0 the run completed; 1 it ended failed, compensated,
-#: compensation_failed or cancelled (the failure is on stderr), or the operation failed; 2 bad
-#: usage; 4 the run is waiting for a signal or a timer (not finished, not failed).
 EXIT_WAITING = 4
+_RUNS_A_RUN = frozenset({"run", "resume", "rollback", "signal"})
+EXIT_CODES = """exit codes:
+  0  done (run, resume, rollback, signal --resume: the run completed)
+  1  the operation failed, or the run ended failed, compensated, compensation_failed or cancelled
+     (run and resume print the run, the failed step and its error on stderr)
+  2  bad usage (unknown option, bad or non-object JSON, unknown --status, a duration without a unit)
+  3  verify: the run does not verify
+  4  run, resume, rollback, signal --resume: the run is waiting for a signal or a timer"""
 
 
 def _exit_code(res: RunResult) -> int:
@@ -221,12 +228,15 @@ def _global_options(*, at_verb: bool) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     at_verb = _global_options(at_verb=True)
     parser = argparse.ArgumentParser(prog="agentsaga", description="Durable, auditable agent runs.",
-                                     parents=[_global_options(at_verb=False)])
+                                     parents=[_global_options(at_verb=False)], epilog=EXIT_CODES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
     def verb(name: str, func: Callable[[argparse.Namespace], int], help: str, json_flag: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, parents=[at_verb])
+        p = sub.add_parser(name, help=help, description=help, parents=[at_verb],
+                           epilog=EXIT_CODES if name in _RUNS_A_RUN else None,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if json_flag:
             p.add_argument("--json", action="store_true", help="print data as JSON")
         p.set_defaults(func=func)
@@ -284,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_flag(p)
 
     p = verb("runs", cmd_runs, "list runs, newest first")
-    p.add_argument("--status", action="append", help="filter by status (repeat or comma-separate)")
+    p.add_argument("--status", action="append",
+                   help="filter by status (repeat or comma-separate): " + ", ".join(RUN_STATUSES))
     p.add_argument("--workflow", help="filter by workflow name")
     p.add_argument("--since", metavar="TIME", help="created at or after (ISO 8601, UTC if no zone)")
     p.add_argument("--until", metavar="TIME", help="created before (ISO 8601)")
