@@ -5,13 +5,11 @@
 Kill it at any moment and run the same command again: run "umbrella" continues where it stopped,
 and no model call whose answer was journaled is made (or paid for) again. The database is
 $AGENTSAGA_DB, else agentsaga.db in the working directory. docs/examples.md counts its lines.
+A loop inside a step of your own: run_tool_loop (docs/agents.md).
 """
 
 from orchestrator import Orchestrator
-from orchestrator.agents import LLM, run_tool_loop
-from workflows import Workflow
-
-agent = Workflow("umbrella")
+from orchestrator.agents import tool_agent
 
 
 def weather(city: str) -> str:
@@ -19,10 +17,7 @@ def weather(city: str) -> str:
     return f"rain all day in {city}"
 
 
-@agent.step
-def ask(ctx, state):
-    return {"answer": run_tool_loop(ctx, LLM(), state["question"], [weather]).content}
-
+agent = tool_agent("umbrella", [weather])
 
 if __name__ == "__main__":
     result = Orchestrator().run(agent, {"question": "Do I need an umbrella in Lisbon today?"}, run_id="umbrella")
