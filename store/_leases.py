@@ -65,7 +65,7 @@ class Leases:
                     return int(rows[0][0])
                 row = d.fetchone(conn, _READ_LEASE, (run_id,))
                 if row is None:
-                    raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                    raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
                 held_by, expires = row
                 if held_by is not None and expires is not None and expires > now:
                     break
