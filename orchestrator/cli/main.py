@@ -189,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     at_verb = _global_options(at_verb=True)
     parser = argparse.ArgumentParser(prog="agentsaga", description="Durable, auditable agent runs.",
                                      parents=[_global_options(at_verb=False)])
+    from orchestrator.cli import version; parser.add_argument("--version", action="version", version=f"agentsaga {version()}")  # noqa: E702,I001
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
