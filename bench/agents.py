@@ -179,8 +179,12 @@ def startup(reps: int, workdir: str) -> dict:
         "import orchestrator": [sys.executable, "-c", "import orchestrator"],
         "agentsaga --help": base + ["--help"],
         "agentsaga --version": base + ["--version"],
-        "agentsaga runs": base + ["--db", db, "runs"],
+        "agentsaga runs": [*base, "--db", db, "runs"],
     }
+    made = subprocess.run([sys.executable, "-c", f"from store import open_store; open_store({db!r}).close()"],
+                          check=False, capture_output=True, text=True, env=child_env(), cwd=workdir, timeout=120)
+    if made.returncode != 0:
+        return {"error": tail(made)}
     out: dict = {}
     for name, cmd in commands.items():
         times = []
@@ -223,6 +227,8 @@ def main() -> None:
         convo = bench.conversation() if "conversation" not in skip else {}
         takeover = measure_takeover(bench, workdir) if "takeover" not in skip else {}
         start = startup(plan["startup_reps"], workdir) if "startup" not in skip else {}
+        if "error" in start:
+            bench.errors["startup"] = start.pop("error")
     finally:
         server.close()
         bench.close()
@@ -230,9 +236,78 @@ def main() -> None:
     report(plan, bench, runs, convo, takeover, start)
 
 
+LEASE_TTL = 2.0  # seconds: the takeover measurement's lease, short so the measurement is short
+
+
 def measure_takeover(bench: Bench, workdir: str) -> dict:
-    """Filled in with the worker wake-up work; until then: not measured."""
-    return {}
+    """Seconds from SIGKILLing a worker process that holds 3 runs mid-step to an idle worker process
+    holding all three (each lease expires ``LEASE_TTL`` after its last renewal, renewed one by one)."""
+    out: dict = {}
+    for backend in bench.backends:
+        try:
+            out[backend] = _takeover_once(bench.db(backend), workdir, backend)
+        except Exception as exc:  # noqa: BLE001 (recorded and shown)
+            bench.errors[f"{backend}/takeover"] = str(exc)[:400]
+            out[backend] = None
+    return out
+
+
+def _takeover_once(db: str, workdir: str, tag: str) -> dict:
+    sys.path.insert(0, HERE)
+    from _agents_flows import held
+
+    from orchestrator import Orchestrator
+
+    gate = os.path.join(workdir, f"gate-{tag}")
+    flows = os.path.join(HERE, "_agents_flows.py") + ":held"
+    cmd = [sys.executable, "-m", "orchestrator.cli", "worker", flows, "--db", db, "--lease-ttl", str(LEASE_TTL),
+           "--poll", "2"]
+    procs: list[subprocess.Popen] = []
+
+    def start(concurrency: int, log: str) -> subprocess.Popen:
+        path = os.path.join(workdir, log)
+        proc = subprocess.Popen([*cmd, "--concurrency", str(concurrency)], cwd=workdir, env=child_env(),
+                                stdout=subprocess.DEVNULL, stderr=open(path, "w"))  # noqa: SIM115 (open as long as the process)
+        procs.append(proc)
+        wait(lambda: " ready: " in _read(path) or proc.poll() is not None, f"{log} to start")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{log} exited: {_read(path)[-400:]}")
+        return proc
+
+    with Orchestrator(db, workflows=[held]) as orc:
+        try:
+            ids = [orc.enqueue(held, {"gate": gate}) for _ in range(3)]
+            a = start(3, f"worker-a-{tag}.log")
+            wait(lambda: all(os.path.exists(f"{gate}.inside.{r}") for r in ids), "runs inside their step")
+            owner_a = orc.get_run(ids[0]).lease_owner
+            start(4, f"worker-b-{tag}.log")
+            t_kill = time.time()
+            a.kill()
+            a.wait()
+            wait(lambda: all(orc.get_run(r).lease_owner not in (None, owner_a) for r in ids), "the takeover",
+                 every=0.005)
+            took = time.time() - t_kill
+            open(gate, "w").close()
+            wait(lambda: orc.store.count_by_status() == {"completed": 3}, "the runs to complete")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+    return {"lease": LEASE_TTL, "takeover": took}
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def wait(predicate, what: str, every: float = 0.02) -> None:
+    deadline = time.monotonic() + 300
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(every)
 
 
 def _med(s: dict | None) -> float | None:
