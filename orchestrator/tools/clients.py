@@ -9,8 +9,11 @@ once (``ssl_context()``) and each ``ToolBox`` (one per Orchestrator) keeps:
 - one ``httpx.AsyncClient`` per event loop (``ctx.ahttp``, ``AsyncLLM``): an async client is bound
   to the loop it first ran on, so every loop gets its own, reused by every run on that loop.
 
-Connections are kept alive between calls and the pool has no limit on connections (N runs at
-once make N calls at once; a cap would queue them behind each other). An async client is closed
+Connections are kept alive between calls and there is no limit on connections (N runs at once
+make N calls at once; a cap would queue them behind each other). An async client's connections
+are kept in small pools (``SHARD`` calls in flight each, more pools as more calls are in flight):
+httpcore's pool does work proportional to the square of its size on every request, which at a
+thousand concurrent calls costs more CPU than the calls themselves. An async client is closed
 when its loop shuts down (``asyncio.run`` and its kin finalise the loop's async generators, and a
 parked one closes the client), or by ``close()``/``aclose()``, whichever comes first.
 """
@@ -27,7 +30,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["LoopClients", "client_options", "ssl_context"]
+__all__ = ["LoopClients", "ShardedTransport", "client_options", "ssl_context"]
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 #: no cap on connections (concurrent calls are the point); idle ones are dropped after keepalive_expiry
@@ -66,7 +69,8 @@ class LoopClients:
             client = self._clients.get(loop)
             if client is not None and not client.is_closed:
                 return client
-            client = httpx.AsyncClient(**client_options(self._timeout))
+            options = client_options(self._timeout)
+            client = httpx.AsyncClient(timeout=options["timeout"], transport=ShardedTransport(verify=options["verify"]))
             self._clients[loop] = client
             # Started on this loop, the generator waits at its first yield until the loop's
             # shutdown_asyncgens() finalises it, which closes the client while the loop still runs.
@@ -130,3 +134,54 @@ async def _close_at_shutdown(client: httpx.AsyncClient) -> AsyncIterator[None]:
 
 async def _park(closer: AsyncIterator[None]) -> None:
     await closer.__anext__()  # registers the generator with the loop; it waits at its first yield
+
+
+SHARD = 16  # calls in flight per connection pool of an async client
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """An async transport made of small connection pools: each request goes to the pool with the
+    fewest calls in flight, and a new pool is opened when every pool has ``SHARD`` of them. A call
+    counts as in flight until its response is closed (read to the end, or abandoned)."""
+
+    def __init__(self, *, verify: Any = True, shard: int = SHARD) -> None:
+        self._verify = verify
+        self._shard = shard
+        self._pools: list[list[Any]] = []  # [transport, calls in flight]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        pool = min(self._pools, key=lambda p: p[1]) if self._pools else None
+        if pool is None or pool[1] >= self._shard:
+            pool = [httpx.AsyncHTTPTransport(verify=self._verify, limits=LIMITS), 0]
+            self._pools.append(pool)
+        pool[1] += 1
+        try:
+            response = await pool[0].handle_async_request(request)
+        except BaseException:
+            pool[1] -= 1
+            raise
+        response.stream = _Counted(response.stream, pool)
+        return response
+
+    async def aclose(self) -> None:
+        pools, self._pools = self._pools, []
+        for transport, _ in pools:
+            await transport.aclose()
+
+
+class _Counted(httpx.AsyncByteStream):
+    """A response stream that gives its pool's in-flight count back once, when it is closed."""
+
+    def __init__(self, stream: Any, pool: list[Any]) -> None:
+        self._stream = stream
+        self._pool: list[Any] | None = pool
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool[1] -= 1
+        await self._stream.aclose()
