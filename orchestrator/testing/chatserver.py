@@ -220,6 +220,9 @@ class ChatServer:
 def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in two writes: without TCP_NODELAY, Nagle holds the body back
+        # until the client's delayed ACK (~40 ms per request on loopback).
+        disable_nagle_algorithm = True
 
         def setup(self) -> None:
             super().setup()
