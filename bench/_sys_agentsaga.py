@@ -46,10 +46,23 @@ def effect_workflow() -> tuple[Workflow | None, str | None]:
         return None, f"effect steps not available: {type(exc).__name__}: {exc}"
 
 
+def nested_doc(kb: int) -> dict:
+    """A nested state of about ``kb`` KB of JSON (sections of paragraphs, tags and numbers), which no
+    step changes: what a step costs for carrying it is the per-step copy of the state it is shown."""
+    sections = []
+    while len(str(sections)) < kb * 1024:
+        i = len(sections)
+        sections.append({"title": f"section {i}", "paras": [f"paragraph {j} of section {i}, some words" for j in range(3)],
+                         "meta": {"i": i, "score": i / 7, "tags": ["alpha", "beta"], "ok": True}})
+    return {"sections": sections}
+
+
 class System:
     def __init__(self, *, backend: str, target: dict, snapshot_every: int | None = None,
-                 effect: bool = False, store_options: dict | None = None) -> None:
+                 effect: bool = False, store_options: dict | None = None, state_kb: int = 0) -> None:
         self.backend = backend
+        #: carry a nested state of this many KB through every step (0: the tiny counter state only)
+        self.state_kb = state_kb
         self.target = target
         self.url = "sqlite:///" + target["path"] if backend == "sqlite" else target["url_with_schema"]
         self.kwargs: dict = {} if snapshot_every is None else {"snapshot_every": snapshot_every}
@@ -78,7 +91,10 @@ class System:
         return dict(self.kwargs)
 
     def run(self, run_id: str, n: int) -> dict:
-        res = self.orc.run(self.wf, {"n": 0, "pad": "", "target": n}, run_id=run_id)
+        start = {"n": 0, "pad": "", "target": n}
+        if self.state_kb:
+            start["doc"] = nested_doc(self.state_kb)
+        res = self.orc.run(self.wf, start, run_id=run_id)
         if res.status != "completed":
             raise RuntimeError(f"run {run_id} ended {res.status}")
         return dict(res.state)

@@ -41,6 +41,7 @@ from _systems import REQUIRES
 
 FULL = {"reps": 11, "steps_n": 1000, "floor_n": 1000, "bytes_n": 1000, "resume_points": [1000, 10000], "tail": 100}
 QUICK = {"reps": 1, "steps_n": 200, "floor_n": 200, "bytes_n": 200, "resume_points": [1000, 10000], "tail": 10}
+STATE_KB = 10  # the nested state of the per-step copy row (issue 14, case 10)
 TARGETS = {"sqlite_ratio": 2.0, "pg_ratio": 1.5, "bytes_per_step": 400, "resume_ms_10k_abs": 20.0, "resume_growth": 2.0}
 
 
@@ -131,6 +132,46 @@ class Core:
                 remove_sqlite(t["path"])
         return summary(vals), None
 
+    def state_copy(self) -> dict:
+        """Issue 14, case 10: each step is shown a deep copy of the state. Per step with a ~10 KB nested
+        state that no step changes, against the tiny counter state in the same repetition, and the
+        copy itself (``copy_json`` of that state, in this process). Both runs with ``synchronous=OFF``, so
+        the difference is CPU, not fsync noise."""
+        from _sys_agentsaga import nested_doc
+
+        from orchestrator.engine.steps import copy_json
+
+        doc = {"n": 0, "pad": "", "target": 1, "doc": nested_doc(STATE_KB)}
+        reps = max(200, self.plan["steps_n"])
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            copy_json(doc)
+        copy_us = (time.perf_counter() - t0) * 1e6 / reps
+        vals: dict[str, list[float]] = {"tiny": [], "big": [], "extra": []}
+        for _ in range(self.plan["reps"]):
+            pair = []
+            for kb in (0, STATE_KB):
+                t = self.sqlite_target()
+                try:
+                    # synchronous=OFF: an fsync (milliseconds, and noisy) would drown the copy's CPU cost.
+                    r, _ = run_child({"system": "agentsaga-sqlite", "op": "steps", "target": t,
+                                      "n": self.plan["steps_n"],
+                                      "extra": {**self.extra, "state_kb": kb,
+                                                "store_options": {"sqlite_synchronous": "OFF"}}})
+                    pair.append(r["ms_per_step"])
+                except ChildError as exc:
+                    self.errors["state_copy"] = str(exc)
+                finally:
+                    remove_sqlite(t["path"])
+            if len(pair) == 2:
+                vals["tiny"].append(pair[0])
+                vals["big"].append(pair[1])
+                vals["extra"].append(pair[1] - pair[0])
+        out = {k: summary(v) for k, v in vals.items()}
+        out["copy_us"] = copy_us
+        out["state_bytes"] = len(json.dumps(doc))
+        return out
+
     def bytes(self) -> dict | None:
         t = self.sqlite_target()
         try:
@@ -197,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     steps: dict = {}
     effect, effect_reason = None, None
     by = None
+    copying: dict | None = None
     resumes: dict = {}
     try:
         steps = core.steps() if not missing else {
@@ -210,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         if not missing:
             effect, effect_reason = core.effect_steps()
             by = core.bytes()
+            copying = core.state_copy()
             for point in plan["resume_points"]:
                 resumes[point] = core.resume(point)
                 print(f"  resume after {point} done", file=sys.stderr, flush=True)
@@ -237,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         "resume_proc_ms_10k": med(r10k["proc_ms"]) if r10k else None,
         "resume_re_executed": max(r["re_executed"] for r in resumes.values() if r) if any(resumes.values()) else None,
         "sqlite_effect_ms_per_step": med(effect),
+        "state_copy_us": copying["copy_us"] if copying else None,
+        "sqlite_ms_per_step_10kb_state": med(copying["big"]) if copying else None,
+        "sqlite_extra_ms_per_step_10kb_state": med(copying["extra"]) if copying else None,
     }
     # An effect step pays two commits (the intent, then the result): its ratio to the same floor.
     floor_sqlite = out.get("sqlite_floor_ms")
@@ -266,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         ["  sqlite_effect_ratio (2 commits)",
          f"{out['sqlite_effect_ratio']:.2f}" if out.get("sqlite_effect_ratio") else "n/a", "x", ""],
         ["bytes_per_step (sqlite)", fmt_num(out["bytes_per_step"], 0), "B", f"<= {TARGETS['bytes_per_step']}"],
+        [f"agentsaga sqlite sync=OFF, step, ~{STATE_KB} KB state", fmt_summary(copying["big"] if copying else None),
+         "ms", ""],
+        ["  same repetition, tiny state", fmt_summary(copying["tiny"] if copying else None), "ms", ""],
+        ["  extra per step for the state", fmt_summary(copying["extra"] if copying else None), "ms", ""],
+        [f"  copy_json of that state ({copying['state_bytes'] if copying else '-'} B)",
+         fmt_num(copying["copy_us"], 1) if copying else "-", "us", ""],
     ]
     for point, label in zip(plan["resume_points"], ("1k", "10k")):
         r = resumes.get(point)
@@ -287,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error in {k}: {v[:300]}")
     print(f"(total {time.time() - t0:.0f} s)")
     out.update(quick=args.quick, plan=plan, extra=extra, errors=core.errors,
-               detail={"steps": steps, "effect": effect, "bytes": by,
+               detail={"steps": steps, "effect": effect, "bytes": by, "state_copy": copying,
                        "resume": {str(k): v for k, v in resumes.items()}},
                machine=machine(core.pg, core.pg_reason))
     print(json.dumps(out))

@@ -176,7 +176,9 @@ def _require_database(args: argparse.Namespace) -> None:
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         path = url[len("sqlite:///"):].split("?", 1)[0]
         if path and not os.path.exists(path):
-            raise CommandError(f"no database at {path!r} (working directory {os.getcwd()!r}); "
+            run_id = getattr(args, "run_id", None)
+            subject = f"no run {run_id!r}: " if run_id else ""
+            raise CommandError(f"{subject}no database at {path!r} (working directory {os.getcwd()!r}); "
                                "pass --db URL or set AGENTSAGA_DB")
 
 

@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from orchestrator.cli import version
 from orchestrator.payload import codec
 from orchestrator.cli.audit import add_audit_verbs
 from orchestrator.cli.common import CommandError, UsageError, add_app_flag, add_progress_flag, resolve_target
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentsaga", description="Durable, auditable agent runs.",
                                      parents=[_global_options(at_verb=False)], epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"agentsaga {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 

@@ -1,0 +1,480 @@
+"""The crash-point explorer's harness: simulated processes, crash points, and the invariants.
+
+A *process* here is one ``Orchestrator`` with a store of its own (its own connections) and a
+``Process`` object that counts the crash points it passes:
+
+- before and after every durable write at the store boundary (``append`` with the event kinds it
+  carries, ``create_run``, ``leases.acquire``/``release``, ``wakeups.park``/``wake``,
+  ``signals.send``/``consume``, breaker and slot writes, queue claims...);
+- before every outgoing HTTP request leaves (``send``) and after the service answered but before
+  anything was journaled about it (``sent``), for ``ctx.http``, tool calls and model calls alike
+  (httpx's transports are wrapped while a process is current).
+
+A ``Plan`` says what happens at point ``k``: the process *dies* (``ProcessDied``, a
+``BaseException`` no user code catches; every later write, request or ledger entry of that
+process, from any thread it left behind, raises it again: it is fenced off for good), it is
+SIGKILLed (the child of the SIGKILL sample), or a store write *faults* once (``raise``: the
+write fails and nothing is written; ``lost``: the write commits but its caller hears an error)
+while the process lives on.
+
+The world outside the database is a real ``BookingService`` on a loopback socket (its ledger
+says which bookings and cancellations took effect), plus the ledger of step executions each step
+writes as it starts. ``check`` holds a crashed-and-resumed run against an uninterrupted reference
+run: no completed step executed again, no booking taken twice for one logical request, every
+compensation exactly once and in the reference's (reverse) order, the same final status and
+state, and ``verify`` clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import httpx._transports.default as _httpx_default
+
+from orchestrator import Orchestrator, RunResult
+from orchestrator.testing import BookingService, FakeClock
+from store import StoreUnavailableError, open_store
+
+T0 = 1_800_000_000.0
+
+#: The simulated process the current thread (or task) belongs to; copied into step threads.
+CURRENT: ContextVar[Process | None] = ContextVar("explorer_process", default=None)
+
+
+class ProcessDied(BaseException):
+    """The simulated death of a process at a crash point: nothing after it runs in that process."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What happens at crash point ``at``: ``crash`` (die) or ``kill`` (SIGKILL); or at the ``at``-th
+    store write: ``raise`` (it fails, nothing written) or ``lost`` (it commits, its caller hears it failed)."""
+
+    at: int | None = None
+    what: str = "crash"
+
+    def __post_init__(self) -> None:
+        if self.what not in ("crash", "kill", "raise", "lost"):
+            raise ValueError(f"Plan.what must be crash, kill, raise or lost, got {self.what!r}")
+
+
+class Process:
+    """One simulated process: the crash points it passed, in order, and whether it is dead."""
+
+    def __init__(self, name: str, plan: Plan = Plan()) -> None:
+        self.name = name
+        self.plan = plan
+        self.points: list[str] = []
+        self.dead: str | None = None
+        self.faulted: str | None = None
+        #: store writes begun (what a fault's ``at`` counts)
+        self.writes = 0
+        self.store: Any = None
+        self._lock = threading.Lock()
+
+    def fence(self) -> None:
+        if self.dead is not None:
+            raise ProcessDied(f"process {self.name} died at {self.dead}: nothing it runs acts any more")
+
+    def point(self, label: str) -> int:
+        """Pass one crash point; dies here when the plan says so. Returns the point's number."""
+        with self._lock:
+            self.fence()
+            self.points.append(label)
+            k = len(self.points)
+            if k == self.plan.at and self.plan.what in ("crash", "kill"):
+                self.dead = f"point {k} ({label})"
+                if self.plan.what == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise ProcessDied(f"process {self.name} died at point {k}: {label}")
+            return k
+
+    def fault_here(self, k: int) -> str | None:
+        """The fault planned for the store write at point ``k`` (``raise`` / ``lost``), once. A fault's
+        ``at`` counts store writes, not crash points (their number does not depend on how threads
+        interleave with outgoing calls)."""
+        with self._lock:
+            self.writes += 1
+            if self.writes == self.plan.at and self.plan.what in ("raise", "lost") and self.faulted is None:
+                self.faulted = f"write {self.writes}, point {k} ({self.points[k - 1]})"
+                return self.plan.what
+        return None
+
+
+# -- the store boundary ------------------------------------------------------------------------------
+#: Every method that writes, per part of the Store ("" is the Store itself).
+WRITES: dict[str, tuple[str, ...]] = {
+    "": ("create_run", "append", "prune_snapshots", "delete_runs"),
+    "leases": ("acquire", "release"),
+    "queues": ("claim", "claim_some", "claim_from"),
+    "wakeups": ("park", "wake"),
+    "signals": ("send", "consume"),
+    "breakers": ("compare_and_set",),
+    "slots": ("acquire", "release", "renew"),
+    "failures": ("record", "dead_letter", "revive"),
+}
+
+
+def _label(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    if op == "append":
+        events = args[1] if len(args) > 1 else kwargs.get("events", ())
+        kinds = []
+        for event in events:
+            step = json.loads(event.data).get("step")
+            kinds.append(f"{event.kind}:{step}" if step else event.kind)
+        extra = [name for name in ("snapshot", "consume_signals", "release_lease") if kwargs.get(name)]
+        return f"append[{', '.join(kinds)}]" + (f" +{'+'.join(extra)}" if extra else "")
+    if op == "signals.send":
+        return f"signals.send[{args[1] if len(args) > 1 else kwargs.get('name')}]"
+    return op
+
+
+def instrument_store(store: Any, process: Process) -> Any:
+    """Wrap the store's writes with crash points and faults (an instance's attributes, nothing global)."""
+    process.store = store
+    for part, names in WRITES.items():
+        obj = getattr(store, part) if part else store
+        for name in names:
+            op = f"{part}.{name}" if part else name
+            setattr(obj, name, _write(process, op, getattr(obj, name)))
+    # A heartbeat left behind by a dead process must not renew anything either (no crash point:
+    # renewals run on their own clock, not the run's).
+    leases = store.leases
+    renew = leases.renew
+
+    def fenced_renew(*args: Any, **kwargs: Any) -> Any:
+        process.fence()
+        return renew(*args, **kwargs)
+
+    leases.renew = fenced_renew
+    return store
+
+
+def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    def write(*args: Any, **kwargs: Any) -> Any:
+        label = _label(op, args, kwargs)
+        k = process.point(f"before {label}")
+        fault = process.fault_here(k)
+        if fault == "raise":
+            raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
+        out = real(*args, **kwargs)
+        if fault == "lost":
+            raise StoreUnavailableError(f"explorer: {label} committed but its reply was lost (point {k})")
+        process.point(f"after {label}")
+        return out
+
+    return write
+
+
+# -- outgoing calls ----------------------------------------------------------------------------------
+_http_lock = threading.Lock()
+_http_depth = 0
+_REAL_SYNC = httpx.HTTPTransport.handle_request
+_REAL_ASYNC = httpx.AsyncHTTPTransport.handle_async_request
+_REAL_SSL = _httpx_default.create_ssl_context
+_ssl_contexts: dict[str, Any] = {}
+
+
+def _shared_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+    # Every simulated process builds its own httpx clients, and each would load the system's CA
+    # bundle again (~50 ms): the explorer's requests go to plain-HTTP loopback services, so one
+    # context per setting serves them all. Only speed changes; connections stay per client.
+    key = repr((verify, cert, trust_env))
+    if key not in _ssl_contexts:
+        _ssl_contexts[key] = _REAL_SSL(verify, cert, trust_env)
+    return _ssl_contexts[key]
+
+
+def _sync_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+    process = CURRENT.get()
+    if process is None:
+        return _REAL_SYNC(self, request)
+    label = f"{request.method} {request.url.path}"
+    process.point(f"send {label}")
+    response = _REAL_SYNC(self, request)
+    response.read()
+    process.point(f"sent {label}")  # the service acted; nothing about its answer is journaled yet
+    return response
+
+
+async def _async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+    process = CURRENT.get()
+    if process is None:
+        return await _REAL_ASYNC(self, request)
+    label = f"{request.method} {request.url.path}"
+    process.point(f"send {label}")
+    response = await _REAL_ASYNC(self, request)
+    await response.aread()
+    process.point(f"sent {label}")
+    return response
+
+
+@contextlib.contextmanager
+def outgoing_calls_instrumented() -> Iterator[None]:
+    """While inside: HTTP requests made on behalf of a current ``Process`` pass its crash points."""
+    global _http_depth
+    with _http_lock:
+        _http_depth += 1
+        httpx.HTTPTransport.handle_request = _sync_request  # type: ignore[method-assign]
+        httpx.AsyncHTTPTransport.handle_async_request = _async_request  # type: ignore[method-assign]
+        _httpx_default.create_ssl_context = _shared_ssl_context
+    try:
+        yield
+    finally:
+        with _http_lock:
+            _http_depth -= 1
+            if _http_depth == 0:
+                httpx.HTTPTransport.handle_request = _REAL_SYNC  # type: ignore[method-assign]
+                httpx.AsyncHTTPTransport.handle_async_request = _REAL_ASYNC  # type: ignore[method-assign]
+                _httpx_default.create_ssl_context = _REAL_SSL
+
+
+# -- one exploration's world ---------------------------------------------------------------------------
+@dataclass
+class World:
+    """What one run meets outside its database: a booking service, a clock, the execution ledger."""
+
+    service: BookingService
+    clock: FakeClock
+    chat_url: str | None = None
+    #: (process, step, tick, epoch) of every step execution, in order
+    executions: list[tuple[str, str, int, int]] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    #: where a child process appends its executions and violations (they must outlive a SIGKILL)
+    ledger_path: str | None = None
+    failed_once: set[str] = field(default_factory=set)
+    _seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def api(self) -> str:
+        assert self.service.url is not None
+        return self.service.url
+
+    def flaky(self, what: str, value: Any) -> Any:
+        """The outside world failing the first time it is asked for ``what`` (a step's retry covers it)."""
+        if what not in self.failed_once:
+            self.failed_once.add(what)
+            raise ConnectionError(f"{what}: the service dropped the connection")
+        return value
+
+    def executed(self, ctx: Any) -> None:
+        """A step body starts: fenced for a dead process; a step already completed must not run."""
+        process = CURRENT.get()
+        if process is None:
+            raise RuntimeError("explorer flows run only inside a Process (see drive())")
+        process.fence()
+        epoch, completed = self._journal_seen(process.store, ctx.run_id)
+        violation = None
+        if (ctx.step, ctx.tick, epoch) in completed:
+            violation = (f"step {ctx.step!r} (tick {ctx.tick}, epoch {epoch}) executed again by {process.name} "
+                         "after its completion was journaled (invariant 1)")
+            self.violations.append(violation)
+        self.executions.append((process.name, ctx.step, ctx.tick, epoch))
+        if self.ledger_path is not None:
+            line = json.dumps({"process": process.name, "step": ctx.step, "tick": ctx.tick, "epoch": epoch,
+                               "violation": violation})
+            with open(self.ledger_path, "a", encoding="utf-8") as fh:  # one whole line, on disk before going on
+                fh.write(line + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def read_ledger(self) -> None:
+        """Take in what a child process wrote to the ledger file before it died."""
+        if self.ledger_path is None or not os.path.exists(self.ledger_path):
+            return
+        with open(self.ledger_path, encoding="utf-8") as fh:
+            for line in fh:
+                entry = json.loads(line)
+                self.executions.append((entry["process"], entry["step"], entry["tick"], entry["epoch"]))
+                if entry["violation"]:
+                    self.violations.append(entry["violation"])
+
+    def _journal_seen(self, store: Any, run_id: str) -> tuple[int, set[tuple[str, int, int]]]:
+        """The rollback epoch and the completed (step, tick, epoch) of the journal as it stands now (read
+        incrementally: the journal is append-only)."""
+        seen = self._seen.setdefault(run_id, {"seq": 0, "epoch": 0, "completed": set()})
+        for e in store.events(run_id, after_seq=seen["seq"]):
+            seen["seq"] = e.seq
+            if e.kind == "RolledBack":
+                seen["epoch"] += 1
+            elif e.kind == "StepCompleted":
+                data = json.loads(e.data)
+                seen["completed"].add((data["step"], data["tick"], seen["epoch"]))
+        return seen["epoch"], seen["completed"]
+
+
+@dataclass
+class Outcome:
+    """A run as the world saw it, to compare with the reference."""
+
+    result: RunResult
+    ledger: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+    verify_ok: bool
+    verify_text: str
+    points: list[str]
+    processes: list[Process]
+    violations: list[str]
+
+
+def fast_url(url: str) -> str:
+    """The URL with Postgres commits acknowledged before they reach the server's disk: a crash explored
+    here is the *client* process dying, never the server, so what a commit makes visible is the same."""
+    if not url.startswith(("postgresql", "postgres:")):
+        return url
+    if "options=" in url:
+        return url.replace("options=", "options=-csynchronous_commit%3Doff%20", 1)
+    return url + ("&" if "?" in url else "?") + "options=-csynchronous_commit%3Doff"
+
+
+def make_orchestrator(url: str, process: Process, world: World, workflows: list[Any]) -> Orchestrator:
+    # NORMAL in WAL loses nothing on a process crash (only on power loss), which is what is explored here.
+    store = instrument_store(open_store(fast_url(url), sqlite_synchronous="NORMAL"), process)
+    return Orchestrator(store=store, workflows=workflows, owner=f"explorer-{process.name}", clock=world.clock.clock,
+                        sleep=world.clock.sleep, snapshot_every=5, keep_snapshots=2, lease_ttl=7200.0,
+                        heartbeat=3600.0)
+
+
+def abandon(orc: Orchestrator) -> None:
+    """Free what a dead process left open, once the run has been checked (nothing it does reaches the run
+    now: its writes are fenced off; this only returns its connections and stops its idle heartbeat)."""
+    orc.engine.heartbeat.stop()
+    orc.tools.close()
+    orc.store.close()
+
+
+def drive(flow: Any, world: World, orc: Orchestrator, process: Process, run_id: str) -> RunResult:
+    """Start or continue the run as its scenario says, until it ends (or the process dies)."""
+    token = CURRENT.set(process)
+    try:
+        try:
+            orc.store.get_run(run_id)
+        except Exception:  # noqa: BLE001 - RunNotFoundError: the run was never created
+            result = orc.run(flow.workflow, flow.input(world), run_id=run_id)
+        else:
+            result = orc.resume(run_id)
+        for _ in range(20):
+            if result.status != "waiting":
+                return result
+            result = flow.outside(world, orc, run_id)
+        raise AssertionError(f"run {run_id} still waiting after 20 moves of the outside world")
+    finally:
+        CURRENT.reset(token)
+
+
+def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: Plan, *,
+            chat_url: str | None = None, child: Callable[[World], Any] | None = None) -> Outcome:
+    """Run one scenario: a first process with ``plan``; if it died or faulted, a fresh one finishes.
+
+    With ``child``, the first process is a real one: ``child(world)`` runs it (it SIGKILLs itself at
+    the plan's point) and returns once it is gone; this process then takes the run over."""
+    service = BookingService()
+    service.start()
+    try:
+        world = World(service=service, clock=FakeClock(T0), chat_url=chat_url)
+        flow = flow_factory(world)
+        flow.prepare(world)
+        first = Process("gen0", plan)
+        processes = [first]
+        orcs: list[Orchestrator] = []
+        result: RunResult | None = None
+        try:
+            if child is not None:
+                child(world)
+                world.read_ledger()
+                first.dead = f"point {plan.at} (SIGKILL)"
+            else:
+                orcs.append(make_orchestrator(url, first, world, [flow.workflow]))
+                try:
+                    result = drive(flow, world, orcs[0], first, run_id)
+                except ProcessDied:
+                    pass
+                except StoreUnavailableError:
+                    if first.faulted is None:
+                        raise
+            if first.dead is not None:
+                # Its connections die with it (the server sees them drop); threads it left behind are fenced.
+                for orc in orcs:
+                    abandon(orc)
+                orcs.clear()
+                # The dead process's successor: a new process with a store (and connections) of its own.
+                second = Process("gen1")
+                processes.append(second)
+                orcs.append(make_orchestrator(url, second, world, [flow.workflow]))
+                result = drive(flow, world, orcs[-1], second, run_id)
+            elif result is None:
+                # A process that met a failed write lives on, and resumes the run once the database answers.
+                result = drive(flow, world, orcs[0], first, run_id)
+            reader = orcs[-1]
+            report = reader.verify(run_id)
+            history = reader.history(run_id)
+        finally:
+            for orc in orcs:
+                abandon(orc)
+        return Outcome(result=result, ledger=service.ledger(), history=history, verify_ok=report.ok,
+                       verify_text="\n".join(report.lines()), points=list(first.points), processes=processes,
+                       violations=list(world.violations))
+    finally:
+        # Stopping waits for the server's poll interval: let it happen beside the next exploration.
+        threading.Thread(target=service.stop, name="explorer-service-stop", daemon=True).start()
+
+
+# -- the invariants ------------------------------------------------------------------------------------
+def _body_id(entry: dict[str, Any]) -> str:
+    return f"{entry['kind']} {json.dumps(entry.get('body'), sort_keys=True)}"
+
+
+def _final(outcome: Outcome) -> tuple[str, str]:
+    """The final status and state, the run's own id written as RUN (keys derived from it differ per run)."""
+    state = json.dumps(outcome.result.state, sort_keys=True).replace(outcome.result.run_id, "RUN")
+    return outcome.result.status, state
+
+
+def check(outcome: Outcome, reference: Outcome) -> list[str]:
+    """What is wrong with ``outcome`` compared with the uninterrupted ``reference`` (empty: nothing)."""
+    problems = list(outcome.violations)
+    booked = [e for e in outcome.ledger if e["action"] == "book"]
+    for what, n in Counter(_body_id(e) for e in booked).items():
+        if n > 1:
+            problems.append(f"{what} took effect {n} times for one logical request")
+    ref_booked = sorted(_body_id(e) for e in reference.ledger if e["action"] == "book")
+    if sorted(_body_id(e) for e in booked) != ref_booked:
+        problems.append(f"bookings {sorted(_body_id(e) for e in booked)} differ from the reference's {ref_booked}")
+    cancels = [e["id"] for e in outcome.ledger if e["action"] == "cancel"]
+    for what, n in Counter(cancels).items():
+        if n > 1:
+            problems.append(f"{what} was cancelled {n} times")
+    ref_cancels = [e["id"] for e in reference.ledger if e["action"] == "cancel"]
+    if cancels != ref_cancels:
+        problems.append(f"compensations {cancels} differ from the reference's {ref_cancels} (order or count)")
+    done = Counter(e["data"]["effect"] for e in outcome.history if e["kind"] == "CompensationCompleted")
+    for seq, n in done.items():
+        if n > 1:
+            problems.append(f"the effect journaled at seq {seq} was compensated {n} times")
+    if _final(outcome) != _final(reference):
+        problems.append(f"final {outcome.result.status} {outcome.result.state} differs from the reference's "
+                        f"{reference.result.status} {reference.result.state}")
+    if not outcome.verify_ok:
+        problems.append(f"verify is not clean: {outcome.verify_text}")
+    return problems
+
+
+def check_reference(reference: Outcome, status: str) -> None:
+    """The uninterrupted run itself keeps the rules the others are held to."""
+    assert reference.result.status == status, (reference.result.status, reference.result.error)
+    assert reference.verify_ok, reference.verify_text
+    assert not reference.violations, reference.violations
+    booked = [e["id"] for e in reference.ledger if e["action"] == "book"]
+    cancels = [e["id"] for e in reference.ledger if e["action"] == "cancel"]
+    if cancels:  # compensated: everything booked is cancelled, newest first
+        assert cancels == [b for b in reversed(booked) if b in cancels], (booked, cancels)

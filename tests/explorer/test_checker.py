@@ -1,0 +1,98 @@
+"""The explorer's checks can fail: each one is shown a world where its rule was broken.
+
+A sweep that finds nothing is only worth something if its checks would have found a violation.
+Here a careless flow books with a fresh idempotency key on every execution (so a crash after the
+booking left makes the resumed run book again), a run's ledger is shown its cancellations in the
+wrong order, and the execution ledger is shown a step starting again after its completion was
+journaled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from types import SimpleNamespace
+
+from explorer_flows import FLOWS, Flow
+from explorer_harness import (
+    CURRENT,
+    Plan,
+    Process,
+    World,
+    check,
+    explore,
+    outgoing_calls_instrumented,
+)
+
+from workflows import END, Workflow
+
+
+class Careless(Flow):
+    """Books a car with a new key on every execution: a re-run after a crash books twice."""
+
+    status = "completed"
+
+    def __init__(self, world) -> None:
+        wf = Workflow("careless", version="1")
+
+        @wf.step(start=True, effect=True, resend=True)
+        def book(ctx, state):
+            world.executed(ctx)
+            headers = {"Idempotency-Key": uuid.uuid4().hex}  # the mistake: not the step's key
+            return {"car": ctx.http.post(f"{world.api}/cars", json={"car": "van"}, headers=headers).json()["id"]}
+
+        wf.edge("book", END)
+        self.workflow = wf
+
+
+def test_a_booking_repeated_by_a_resumed_run_is_reported(db_url):
+    # Given the careless flow's reference run and its crash points
+    with outgoing_calls_instrumented():
+        reference = explore(Careless, db_url, "careless-reference", Plan())
+        sent = reference.points.index("sent POST /cars") + 1
+        # When the process dies after the service booked, before the answer was journaled
+        outcome = explore(Careless, db_url, "careless-crash", Plan(at=sent))
+    # Then the check names the booking that took effect twice
+    problems = check(outcome, reference)
+    assert any('car {"car": "van"} took effect 2 times' in p for p in problems), problems
+
+
+def test_compensations_in_the_wrong_order_or_twice_are_reported(db_url, chat_url):
+    # Given a compensated trip's outcome
+    with outgoing_calls_instrumented():
+        reference = explore(FLOWS["trip"], db_url, "trip-order", Plan(), chat_url=chat_url)
+    assert check(reference, reference) == []
+    # When its cancellations are seen in another order, or one of them twice
+    swapped = dataclasses.replace(reference, ledger=[dict(e) for e in reference.ledger])
+    cancels = [i for i, e in enumerate(swapped.ledger) if e["action"] == "cancel"]
+    a, b = cancels[0], cancels[1]
+    swapped.ledger[a], swapped.ledger[b] = swapped.ledger[b], swapped.ledger[a]
+    twice = dataclasses.replace(reference, ledger=[dict(e) for e in reference.ledger])
+    twice.ledger.append(dict(twice.ledger[cancels[0]]))
+    # Then each is reported
+    assert any("differ from the reference's" in p for p in check(swapped, reference))
+    assert any("was cancelled 2 times" in p for p in check(twice, reference))
+
+
+def test_a_step_starting_again_after_its_completion_was_journaled_is_reported(db_url, chat_url):
+    # Given a finished fanout run, read through a process of the explorer
+    with outgoing_calls_instrumented():
+        done = explore(FLOWS["fanout"], db_url, "fanout-again", Plan(), chat_url=chat_url)
+    assert done.result.status == "completed"
+    from store import open_store
+
+    store = open_store(db_url)
+    try:
+        world = World(service=SimpleNamespace(url="http://127.0.0.1:9"), clock=None)
+        process = Process("late")
+        process.store = store
+        token = CURRENT.set(process)
+        try:
+            # When the step 'merge' of that tick starts once more
+            world.executed(SimpleNamespace(run_id="fanout-again", step="merge", tick=2))
+        finally:
+            CURRENT.reset(token)
+    finally:
+        store.close()
+    # Then the execution ledger reports it as a violation of invariant 1
+    assert world.violations and "'merge'" in world.violations[0] and "invariant 1" in world.violations[0]
