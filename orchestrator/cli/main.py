@@ -72,11 +72,11 @@ def _print_result(res: RunResult, as_json: bool) -> None:
 
 
 EXIT_WAITING = 4
-_RUNS_A_RUN = frozenset({"run", "resume", "rollback", "signal"})
+_RUNS_A_RUN = frozenset({"run", "resume", "recover", "rollback", "signal"})
 EXIT_CODES = """exit codes:
   0  done (run, resume, rollback, signal --resume: the run completed)
   1  the operation failed, or the run ended failed, compensated, compensation_failed or cancelled
-     (run and resume print the run, the failed step and its error on stderr)
+     (run, resume and recover print the run, the failed step and its error on stderr)
   2  bad usage (unknown option, bad or non-object JSON, unknown --status, a duration without a unit)
   3  verify: the run does not verify
   4  run, resume, rollback, signal --resume: the run is waiting for a signal or a timer"""
@@ -126,7 +126,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
     else:
         print(table(["RUN", "WORKFLOW", "STATUS", "EVENTS", "ERROR"],
                     [[r.run_id, r.workflow, r.status, r.seq, r.error or ""] for r in results]))
-    return 0 if all(r.status == "completed" for r in results) else 1
+    failed = [r for r in results if r.status in FAILED_STATUSES or (r.error and r.status != "completed")]
+    for r in failed:  # on stderr too, like `run`: a failure is never lost in the table
+        line = r.failure_line() if r.status in FAILED_STATUSES else f"run {r.run_id!r} not recovered: {r.error}"
+        print(f"agentsaga: {safe(line)}", file=sys.stderr)
+    return 1 if failed else 0  # runs that recovered and now wait for a signal or timer are fine
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -174,3 +174,18 @@ def test_verbs_on_an_existing_run_never_create_a_database(tmp_path, args):
     assert done.returncode == 1, done.stdout
     assert_one_line_error(done, "no database at 'agentsaga.db'", str(work))
     assert list(work.iterdir()) == []
+
+
+def test_recover_prints_each_failed_run_on_stderr_and_exits_1(sqlite_url):
+    # Given two runs started but never driven: one that will complete, one whose last step fails
+    wf = load(AUDITFLOW)
+    with Orchestrator(sqlite_url, workflows=[wf]) as orc:
+        orc.start(wf, {}, run_id="rec-ok")
+        orc.start(wf, {"decline": True, "reason": "by the bank"}, run_id="rec-bad")
+    # When they are recovered from the command line
+    done = agentsaga("recover", "--app", AUDITFLOW.split(":")[0], db=sqlite_url)
+    # Then both are listed, the failure is named on stderr with its step, and the exit is 1
+    assert done.returncode == 1, done.stderr
+    assert "rec-ok" in done.stdout and "rec-bad" in done.stdout
+    assert done.stderr.splitlines() == ["agentsaga: run 'rec-bad' ended compensated at step 'confirm': "
+                                        "PermissionError: card declined by the bank"]

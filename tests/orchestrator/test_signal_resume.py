@@ -158,3 +158,23 @@ def test_agentsaga_signal_without_resume_says_what_continues_the_run(sqlite_url,
     assert "delivered to run cli-sr2" in sent.stdout and "--resume" in sent.stdout
     with Orchestrator(sqlite_url) as orc:
         assert orc.get_run("cli-sr2").status == "waiting"
+
+
+def test_agentsaga_signal_resume_leaves_a_run_held_by_a_live_worker_to_it(db_url, tmp_path):
+    flow = tmp_path / "approve_flow.py"
+    flow.write_text(FLOW, encoding="utf-8")
+    # Given a waiting run whose lease a live worker elsewhere holds
+    _agentsaga("run", f"{flow}:wf", "--run-id", "cli-sr3", "--db", db_url)
+    with Orchestrator(db_url) as orc:
+        orc.store.leases.acquire("cli-sr3", owner="elsewhere:4242:w1", ttl=300, now=orc.engine.config.clock(),
+                                 force=True, status="running")
+    # When the approver sends the signal with --resume
+    sent = _agentsaga("signal", "cli-sr3", "approval", "--data", '{"ok": true}', "--resume", "--app", str(flow),
+                      "--db", db_url)
+    # Then it exits 0 saying the signal was delivered and who continues the run, which it did not drive
+    assert sent.returncode == 0, sent.stderr
+    assert "signal 'approval' delivered" in sent.stdout and "elsewhere:4242:w1" in sent.stdout
+    assert "not driven here" in sent.stdout
+    with Orchestrator(db_url) as orc:
+        assert orc.get_run("cli-sr3").lease_owner == "elsewhere:4242:w1"
+        assert [e["kind"] for e in orc.history("cli-sr3")][-1] == "WaitStarted"
