@@ -9,9 +9,8 @@ redaction), ``orchestrator.testing`` (a scripted model server, a booking service
 ``orchestrator.contrib`` (OpenTelemetry).
 """
 
-from orchestrator._orchestrator import Orchestrator
-from orchestrator.engine.context import StepContext
-from orchestrator.engine.result import RunResult
+from typing import TYPE_CHECKING
+
 from orchestrator.errors import (
     CircuitOpenError,
     ConfigurationError,
@@ -34,7 +33,38 @@ from orchestrator.errors import (
     WaitTimeoutError,
     WorkflowNotFoundError,
 )
-from store.errors import FencedError, LeaseHeldError, RunNotFoundError, StoreError, StoreUnavailableError
+from store.errors import (
+    FencedError,
+    LeaseHeldError,
+    RunNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
+
+if TYPE_CHECKING:
+    from orchestrator._orchestrator import Orchestrator
+    from orchestrator.engine.context import StepContext
+    from orchestrator.engine.result import RunResult
+
+# Imported when first used: ``import orchestrator`` (and ``agentsaga --help``) need not load the
+# engine, SQLAlchemy and pydantic; ``from orchestrator import Orchestrator`` does.
+_LAZY = {"Orchestrator": "orchestrator._orchestrator", "StepContext": "orchestrator.engine.context",
+         "RunResult": "orchestrator.engine.result"}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "Orchestrator",

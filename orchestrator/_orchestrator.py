@@ -14,6 +14,7 @@ sync method is a thin wrapper over its async twin (``arun``, ``aresume``, ...).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import time
@@ -38,7 +39,7 @@ from orchestrator.payload.redact import Redactor
 from orchestrator.tools.breakers import StoreBreakers
 from orchestrator.tools.limits import CallLimits, ToolLimits
 from orchestrator.tools.toolbox import ToolBox
-from store import RunRecord, Store, open_store
+from store import LeaseHeldError, RunRecord, Store, open_store
 from workflows import Workflow
 
 __all__ = ["Orchestrator"]
@@ -238,10 +239,33 @@ class Orchestrator:
                         next_step: str | None = None) -> RunResult:
         return await self.engine.rollback(run_id, to=to, input=input, next_step=next_step)
 
-    def signal(self, run_id: str, name: str, data: Any = None) -> None:
-        """Send signal ``name`` (JSON data) to a run, from any process. A run waiting for it is
-        woken (``recover`` or a worker continues it); one not yet waiting gets it when it waits."""
+    def signal(self, run_id: str, name: str, data: Any = None, *, resume: bool = False) -> RunResult | None:
+        """Send signal ``name`` (JSON data) to a run, from any process; one not yet waiting for it
+        gets it when it waits.
+
+        Without ``resume`` (when a worker serves the run's queue) the signal is delivered and a run
+        waiting for it is woken: a worker, or the next ``recover``, continues it; returns None.
+
+        With ``resume=True`` (when no worker runs: a script, an approval sent from a shell) the
+        signal is delivered and the run is driven here, now, until it ends or waits again, and its
+        ``RunResult`` is returned. If a live process holds the run's lease (a worker is driving it),
+        the signal is only delivered and that process continues the run: the result returned is the
+        run as it stands, its ``note`` saying who drives it. The run's workflow must be registered
+        here; that is checked before anything is sent."""
+        return run_sync(self.asignal(run_id, name, data, resume=resume))
+
+    async def asignal(self, run_id: str, name: str, data: Any = None, *, resume: bool = False) -> RunResult | None:
+        if resume:
+            self.workflows.for_run(self.store.get_run(run_id))  # no code to drive it: fail before sending
         self.engine.signal(run_id, name, data)
+        if not resume:
+            return None
+        try:
+            return await self.engine.resume(run_id, force=False, allow_graph_change=None)
+        except LeaseHeldError as held:
+            note = (f"signal {name!r} delivered; the run is being driven by {held.owner!r}, which continues it "
+                    "(not driven here)")
+            return dataclasses.replace(self.engine.result(run_id), note=note)
 
     def snapshot(self, run_id: str) -> int:
         """Write a snapshot of the run now (on demand) and return its seq.

@@ -104,11 +104,15 @@ class RunStateError(OrchestratorError):
 
 
 class RunFailedError(OrchestratorError):
-    """The run ended without completing (``RunResult.raise_for_status``)."""
+    """The run ended without doing its work (``RunResult.raise_for_status``): ``run_id``, ``status``,
+    ``step`` (the step whose failure ended it, when one did) and ``error`` (``"Type: message"``)."""
 
-    def __init__(self, message: str, *, run_id: str, status: str):
+    def __init__(self, message: str, *, run_id: str, status: str, step: str | None = None,
+                 error: str | None = None):
         self.run_id = run_id
         self.status = status
+        self.step = step
+        self.error = error
         super().__init__(message)
 
 

@@ -11,11 +11,9 @@ breaker state, slots, failures and stats. Payloads are opaque JSON text.
 The contract is docs/internals-store.md.
 """
 
-from ._api import Store
-from ._open import open_store
+from typing import TYPE_CHECKING
+
 from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
-from ._schema import SCHEMA_VERSION
-from ._url import default_url
 from .errors import (
     ConfigError,
     ConflictError,
@@ -27,6 +25,32 @@ from .errors import (
     StoreError,
     StoreUnavailableError,
 )
+
+if TYPE_CHECKING:
+    from ._api import Store
+    from ._open import open_store
+    from ._schema import SCHEMA_VERSION
+    from ._url import default_url
+
+# The names that need SQLAlchemy are imported when first used: a process that only handles the
+# store's records and errors (``agentsaga --help``, ``import orchestrator``) starts without it.
+_LAZY = {"Store": "._api", "open_store": "._open", "SCHEMA_VERSION": "._schema", "default_url": "._url"}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'store' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "open_store",

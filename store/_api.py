@@ -199,7 +199,7 @@ class Store:
         sql = _SELECT_RUN + " WHERE run_id = ?"
         row = self._b.run("get_run", lambda conn: self._d.fetchone(conn, sql, (run_id,)))
         if row is None:
-            raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+            raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
         return RunRecord(*row)
 
     def list_runs(
@@ -314,7 +314,7 @@ class Store:
         def work(conn: Any) -> int:
             row = self._d.fetchone(conn, sql, (run_id,))
             if row is None:
-                raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
             return int(row[0] or 0)
 
         return self._b.run("last_seq", work)

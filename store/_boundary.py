@@ -133,7 +133,8 @@ class Boundary:
                 raise _Retryable(exc, kind) from exc
             if kind is ErrorKind.UNAVAILABLE:
                 raise StoreUnavailableError(
-                    f"{op}: database {d.url} is unavailable: {exc}", url=d.url
+                    f"{op}: database {d.url} is unavailable (not retried: it cannot help): {str(exc).strip()}",
+                    url=d.url,
                 ) from exc
             raise StoreError(f"{op} failed on {d.url}: {type(exc).__name__}: {exc}") from exc
 

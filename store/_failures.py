@@ -48,7 +48,7 @@ class Failures:
         row = d.fetchone(conn, "SELECT pk, status, recoveries, lease_token FROM agentsaga_runs WHERE run_id = ?"
                          + d.lock_update, (run_id,))
         if row is None:
-            raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+            raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
         if row[3] != token:
             raise self._fence.fenced_error(run_id, token, row[3])
         return int(row[0]), row[1], int(row[2])
@@ -111,7 +111,7 @@ class Failures:
                 row = d.fetchone(conn, "SELECT pk, status, recoveries FROM agentsaga_runs WHERE run_id = ?"
                                  + d.lock_update, (run_id,))
                 if row is None:
-                    raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                    raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
                 pk, current, recoveries = row
                 if current != "dead":
                     return None

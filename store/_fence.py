@@ -35,7 +35,7 @@ class Fence:
         """The run's primary key; `RunNotFoundError` if there is no such run."""
         row = self._d.fetchone(conn, "SELECT pk FROM agentsaga_runs WHERE run_id = ?", (run_id,))
         if row is None:
-            raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+            raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
         return row[0]
 
     def fenced_error(self, run_id: str, token: int, current: int) -> FencedError:
@@ -52,7 +52,7 @@ class Fence:
         sql = "SELECT lease_token FROM agentsaga_runs WHERE run_id = ?"
         row = self._d.fetchone(conn, sql, (run_id,))
         if row is None:
-            raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+            raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
         raise self.fenced_error(run_id, token, row[0])
 
     def update_if_current(

@@ -109,7 +109,7 @@ class Journal:
             with d.transaction(conn):
                 row = d.fetchone(conn, fence_sql, (run_id,))
                 if row is None:
-                    raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                    raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
                 pk, current = row
                 if current != token:
                     raise self._fence.fenced_error(run_id, token, current)

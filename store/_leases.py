@@ -12,6 +12,7 @@ token. The token only ever grows; the journal accepts appends only with the curr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ._boundary import Boundary
@@ -31,10 +32,12 @@ _TAKE_LEASE = (
 )
 _READ_LEASE = "SELECT lease_owner, lease_expires_at FROM agentsaga_runs WHERE run_id = ?"
 _ACQUIRE_RACES = 3  # re-reads allowed when the lease changes between our UPDATE and our read
+_RENEW_CHUNK = 500  # runs per renewal statement (2 parameters each: well inside every driver's limit)
 
 
 class Leases:
-    """A run's lease: `acquire`, `renew`, `release`. Times are the caller's; `ttl` in seconds."""
+    """A run's lease: `acquire`, `renew` (`renew_many` for all a holder's runs at once), `release`.
+    Times are the caller's; `ttl` in seconds."""
 
     def __init__(self, dialect: Dialect, boundary: Boundary, fence: Fence) -> None:
         self._d = dialect
@@ -68,7 +71,7 @@ class Leases:
                     return int(rows[0][0])
                 row = d.fetchone(conn, _READ_LEASE, (run_id,))
                 if row is None:
-                    raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                    raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
                 held_by, expires = row
                 if held_by is not None and expires is not None and expires > now:
                     break
@@ -85,6 +88,31 @@ class Leases:
         if ttl <= 0:
             raise ValueError("leases.renew: ttl must be > 0")
         self._update("leases.renew", run_id, token, "lease_expires_at = ?", (now + ttl,))
+
+    def renew_many(self, held: Mapping[str, int], *, ttl: float, now: float) -> list[str]:
+        """Extend every lease in `held` (run id -> token) to now + ttl in one statement per
+        `_RENEW_CHUNK` runs; return the run ids that were not renewed (token no longer current, or
+        no such run): their holder has lost them."""
+        if ttl <= 0:
+            raise ValueError("leases.renew_many: ttl must be > 0")
+        items = list(held.items())
+        if not items:
+            return []
+        d = self._d
+
+        def work(conn: Any) -> set[str]:
+            renewed: set[str] = set()
+            for i in range(0, len(items), _RENEW_CHUNK):
+                chunk = items[i:i + _RENEW_CHUNK]
+                pairs = ", ".join(["(?, ?)"] * len(chunk))
+                sql = (f"UPDATE agentsaga_runs SET lease_expires_at = ? WHERE (run_id, lease_token) IN "
+                       f"(VALUES {pairs}) RETURNING run_id")
+                params = [now + ttl, *(v for run_id, token in chunk for v in (run_id, int(token)))]
+                renewed.update(row[0] for row in d.fetchall(conn, sql, params))
+            return renewed
+
+        renewed = self._b.run("leases.renew_many", work)
+        return [run_id for run_id, _ in items if run_id not in renewed]
 
     def release(
         self, run_id: str, *, token: int, now: float, status: str | None = None,

@@ -11,6 +11,7 @@ table never wait on each other.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,14 @@ _APPEND_ONE = (
 _SESSION_LOST = frozenset({"57P01", "57P02", "57P03"})  # admin/crash shutdown, starting up
 # Failures that leave the session usable and succeed when simply tried again.
 _RETRY_IN_PLACE = frozenset({"55P03", "53300"})  # lock not available, too many connections
+# A refused login carries no SQLSTATE in libpq's connect error, only the server's FATAL text:
+# these mean the URL itself is wrong (database, role, password, pg_hba), so retrying cannot help.
+_PERMANENT_AT_CONNECT = re.compile(
+    r"database \".*\" does not exist|role \".*\" does not exist|password authentication failed"
+    r"|no pg_hba\.conf entry|(peer|ident|SCRAM|GSSAPI|SSPI|certificate) authentication failed"
+    r"|no password supplied|permission denied for database|not permitted to log in",
+    re.IGNORECASE,
+)
 
 
 class PostgresDialect(Dialect):
@@ -111,8 +120,8 @@ class PostgresDialect(Dialect):
             return ErrorKind.UNIQUE
         sqlstate = getattr(exc, "sqlstate", None) or ""
         if conn is None:  # while connecting
-            if sqlstate[:2] in ("28", "3D"):  # authentication failed, no such database
-                return ErrorKind.UNAVAILABLE
+            if sqlstate[:2] in ("28", "3D") or _PERMANENT_AT_CONNECT.search(str(exc)):
+                return ErrorKind.UNAVAILABLE  # authentication failed, no such database or role
             if isinstance(exc, psycopg.OperationalError):  # refused, timed out, starting up
                 return ErrorKind.TRANSIENT
             return ErrorKind.OTHER

@@ -43,7 +43,7 @@ class Signals:
                 (name, data, now, False, run_id),
             )
             if not rows:
-                raise RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
             return int(rows[0][0])
 
         return self._b.run("signals.send", work)

@@ -104,3 +104,27 @@ def test_audit_quick_prints_the_required_json():
         assert out.get("pg_reason")
     else:
         assert is_number(out["pg_list_ms"]) and is_number(out["pg_show_ms"])
+
+
+AGENTS_KEYS = {"runs", "ratios", "conversation", "takeover", "startup", "targets", "targets_met", "errors"}
+
+
+def test_agents_quick_prints_the_required_json():
+    # When the many-agents benchmark runs in its quick mode
+    out = run_quick("agents.py", timeout=HANG)
+    # Then every measurement succeeded, each call was made exactly once, and the numbers are numbers
+    assert AGENTS_KEYS <= out.keys()
+    assert out["errors"] == {}, out["errors"]
+    backends = ["sqlite"] + ([] if out["pg_reason"] else ["pg"])
+    if out["pg_reason"]:
+        assert not os.environ.get("CI"), out["pg_reason"]
+    for backend in backends:
+        for n in out["plan"]["ns"]:
+            per = out["runs"][f"{backend}/{n}"]
+            for op in ("floor", "plain", "llm"):
+                assert is_number(per[op]["median"]) and per[op]["median"] > 0, (backend, n, op, per)
+        convo = out["conversation"][backend]
+        assert convo["status"] == "completed" and is_number(convo["first_ms"]) and is_number(convo["last_ms"])
+    for command in ("python -c pass", "import orchestrator", "agentsaga --help", "agentsaga --version",
+                    "agentsaga runs"):
+        assert is_number(out["startup"][command].get("ms")), (command, out["startup"][command])

@@ -37,7 +37,8 @@ EXPORTS: dict[str, set[str]] = {
     },
     "orchestrator.agents": {
         "LLM", "AsyncLLM", "ChatResult", "ToolCall", "Prompt", "Prompts", "RenderedPrompt", "PromptError",
-        "ToolRegistry", "ToolContext", "LoopResult", "run_tool_loop", "arun_tool_loop", "ToolLoopLimitError",
+        "ToolRegistry", "ToolContext", "LoopResult", "run_tool_loop", "arun_tool_loop", "tool_agent",
+        "ToolLoopLimitError",
         "Cassette",
     },
     "orchestrator.audit": {"Audit", "RunSummary", "VerifyReport", "VerifyProblem", "GcReport", "Stats"},

@@ -98,7 +98,7 @@ class Workflow:
         max_visits: int | None = None,
         on_failure: str | None = None,
         durable_start: bool = False,
-        effect: bool = False,
+        effect: bool | None = None,
         compensate: Callable[..., Any] | str | None = None,
         check: Callable[..., Any] | None = None,
         resend: bool | None = None,
@@ -108,7 +108,9 @@ class Workflow:
         """Register a sync or async function ``(ctx, state) -> update`` as a step.
 
         The first step declared is where a run starts, unless some step says ``start=True``.
-        ``into="field"`` stores whatever the step returns (a string, a list, ...) as that one field."""
+        ``into="field"`` stores whatever the step returns (a string, a list, ...) as that one field.
+        A step given a ``compensate`` (or a ``check``) is an effect: ``effect=True`` may be left out."""
+        is_effect = (compensate is not None or check is not None) if effect is None else effect
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or getattr(func, "__name__", None)
@@ -134,9 +136,10 @@ class Workflow:
                     f"step {step_name!r}: max_visits must be an integer >= 1, got {max_visits!r}",
                     workflow=self.name, step=step_name,
                 )
-            if (compensate is not None or check is not None) and not effect:
+            if (compensate is not None or check is not None) and not is_effect:
                 raise DefinitionError(
-                    f"step {step_name!r}: compensate/check need effect=True", workflow=self.name, step=step_name
+                    f"step {step_name!r}: effect=False contradicts compensate/check, which only an effect has "
+                    "(leave effect out: a step with a compensation is an effect)", workflow=self.name, step=step_name
                 )
             if into is not None and (not isinstance(into, str) or not into):
                 raise DefinitionError(f"step {step_name!r}: into must be a state field name, got {into!r}",
@@ -155,7 +158,7 @@ class Workflow:
                 max_visits=max_visits,
                 on_failure=on_failure,
                 durable_start=durable_start,
-                effect=effect,
+                effect=is_effect,
                 compensate=compensate,
                 check=check,
                 resend=resend,

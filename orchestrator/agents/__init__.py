@@ -4,6 +4,7 @@ the tool-calling loop, and cassettes for replaying a run with no network."""
 from orchestrator.agents.cassette import Cassette
 from orchestrator.agents.llm import LLM, AsyncLLM, ChatResult, ToolCall
 from orchestrator.agents.prompts import Prompt, Prompts, RenderedPrompt
+from orchestrator.agents.tool_agent import tool_agent
 from orchestrator.agents.tool_loop import LoopResult, ToolContext, ToolRegistry, arun_tool_loop, run_tool_loop
 from orchestrator.errors import PromptError, ToolLoopLimitError
 
@@ -21,6 +22,7 @@ __all__ = [
     "LoopResult",
     "run_tool_loop",
     "arun_tool_loop",
+    "tool_agent",
     "ToolLoopLimitError",
     "Cassette",
 ]

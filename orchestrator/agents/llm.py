@@ -55,6 +55,7 @@ from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception
 from compensations import BreakerConfig
 from orchestrator.payload.truncate import bound_json
 from orchestrator.tools.breakers import StoreBreakers
+from orchestrator.tools.clients import LoopClients, client_options
 from orchestrator.tools.http import AsyncHttpTool, HttpTool
 from orchestrator.agents.prompts import RenderedPrompt
 from orchestrator.payload.redact import Redactor
@@ -317,11 +318,16 @@ class LLM(_Base):
 
     @property
     def client(self) -> httpx.Client:
-        """One pooled client for every call (made on first use: importing a workflow stays cheap)."""
+        """One pooled client for calls outside an Orchestrator (made on first use: importing a workflow
+        stays cheap). Inside a step, calls use the Orchestrator's shared client instead."""
         with self._lock:
             if self._client is None:
-                self._client = httpx.Client(timeout=self.timeout)
+                self._client = httpx.Client(**client_options(self.timeout))
             return self._client
+
+    def _client_for(self, ctx: Any) -> httpx.Client:
+        box = _box(ctx)
+        return box.client if box is not None and self._owns_client else self.client
 
     def close(self) -> None:
         if self._owns_client and self._client is not None:
@@ -335,7 +341,7 @@ class LLM(_Base):
 
     def complete(self, request: Mapping[str, Any], *, ctx: Any = None) -> dict[str, Any]:
         """Perform ``request`` now (with retries and the breaker), not journaled: what ``chat`` journals."""
-        tool = HttpTool(client=self.client, **self._tool_options(ctx))
+        tool = HttpTool(client=self._client_for(ctx), **self._tool_options(ctx))
         body, headers, failures = self._body(request), self._http_headers(), []
         attempts = 0
 
@@ -344,7 +350,7 @@ class LLM(_Base):
             attempts += 1
             started = time.perf_counter()
             try:
-                response = tool.post(self.endpoint, json=body, headers=headers)
+                response = tool.post(self.endpoint, json=body, headers=headers, timeout=self.timeout)
             except RetryableToolError as exc:
                 failures.append(self._failure(exc, started))
                 raise
@@ -362,39 +368,56 @@ class AsyncLLM(_Base):
     def __init__(self, *, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep, **options: Any) -> None:
         super().__init__(**options)
         self._sleep = sleep
+        self._clients = LoopClients(self.timeout)  # for calls outside an Orchestrator: one per event loop
+
+    def close(self) -> None:
+        """Close the clients this model client made for calls outside an Orchestrator."""
+        self._clients.close()
 
     async def chat(self, ctx: Any, messages: str | Sequence[Any], *, tools: Any = None, **params: Any) -> ChatResult:
         request = self.request(messages, tools=tools, **params)
         return ChatResult(await ctx.adurable_call(self.kind, request, lambda: self.acomplete(request, ctx=ctx)))
 
     async def acomplete(self, request: Mapping[str, Any], *, ctx: Any = None) -> dict[str, Any]:
-        # A client per call: an httpx.AsyncClient is bound to its event loop, and each orc.run()
-        # has a loop of its own. A model call costs far more than opening a connection.
+        # The event loop's shared client (an httpx.AsyncClient is bound to its loop): the
+        # Orchestrator's inside a step, else this object's own. Building a client per call would
+        # cost an SSL context and a new connection per call.
+        box = _box(ctx)
+        client = box.async_client() if box is not None else self._clients.get()
         options = self._tool_options(ctx)
         if "breaker" in options:  # the store-backed breaker does blocking I/O: keep it off the loop
             before, after = options["breaker"]
             options["breaker"] = (lambda name: asyncio.to_thread(before, name),
                                   lambda name, ok: asyncio.to_thread(after, name, ok))
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
-            tool = AsyncHttpTool(client=client, **options)
-            body, headers, failures = self._body(request), self._http_headers(), []
-            attempts = 0
+        tool = AsyncHttpTool(client=client, **options)
+        body, headers, failures = self._body(request), self._http_headers(), []
+        attempts = 0
 
-            async def attempt() -> dict[str, Any]:
-                nonlocal attempts
-                attempts += 1
-                started = time.perf_counter()
-                try:
-                    response = await tool.post(self.endpoint, json=body, headers=headers)
-                except RetryableToolError as exc:
-                    failures.append(self._failure(exc, started))
-                    raise
-                return self._shape(response, failures, (time.perf_counter() - started) * 1000)
-
+        async def attempt() -> dict[str, Any]:
+            nonlocal attempts
+            attempts += 1
+            started = time.perf_counter()
             try:
-                return await self._retrying(AsyncRetrying, self._sleep, failures)(attempt)
-            except (RetryableToolError, PermanentToolError) as exc:
-                raise self._explain(exc, attempts) from None
+                response = await tool.post(self.endpoint, json=body, headers=headers, timeout=self.timeout)
+            except RetryableToolError as exc:
+                failures.append(self._failure(exc, started))
+                raise
+            return self._shape(response, failures, (time.perf_counter() - started) * 1000)
+
+        try:
+            return await self._retrying(AsyncRetrying, self._sleep, failures)(attempt)
+        except (RetryableToolError, PermanentToolError) as exc:
+            raise self._explain(exc, attempts) from None
+
+
+def _box(ctx: Any) -> Any:
+    """The Orchestrator's ToolBox behind a step context (None outside a step)."""
+    if ctx is None or not hasattr(ctx, "tools"):
+        return None
+    try:
+        return ctx.tools.box
+    except RuntimeError:  # a context outside an Orchestrator
+        return None
 
 
 def _messages(messages: str | Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -60,7 +60,7 @@ import inspect
 import json
 import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,10 +132,19 @@ class AgentTool:
 
 
 class ToolRegistry:
-    """Tools by name; ``schemas()`` is what ``llm.chat(tools=...)`` sends."""
+    """Tools by name; ``schemas()`` is what ``llm.chat(tools=...)`` sends.
 
-    def __init__(self) -> None:
+    ``ToolRegistry([search, weather])`` registers plain functions at once (as ``@tools.tool`` does);
+    the loop also takes such a list in place of a registry."""
+
+    def __init__(self, tools: Iterable[Callable[..., Any]] = ()) -> None:
         self._tools: dict[str, AgentTool] = {}
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
+            raise TypeError(f"ToolRegistry takes a list of functions, got {type(tools).__name__} {tools!r}")
+        for fn in tools:
+            if not callable(fn):
+                raise TypeError(f"ToolRegistry takes functions; {fn!r} ({type(fn).__name__}) is not callable")
+            self.tool(fn)
 
     def tool(self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
              description: str | None = None, effect: bool = False,
@@ -348,6 +357,11 @@ def _too_many(ctx: Any, max_iterations: int, last: Sequence[Any]) -> ToolLoopLim
                               "max_iterations or have the prompt ask for an answer")
 
 
+def _registry(tools: ToolRegistry | Iterable[Callable[..., Any]]) -> ToolRegistry:
+    """A registry as given, or one made of a list of plain functions."""
+    return tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+
+
 def _start(messages: Sequence[Any], max_iterations: int) -> list[Any]:
     if not isinstance(max_iterations, int) or max_iterations < 1:
         raise ValueError(f"max_iterations must be an integer >= 1, got {max_iterations!r}")
@@ -356,9 +370,11 @@ def _start(messages: Sequence[Any], max_iterations: int) -> list[Any]:
     return list(messages)
 
 
-def run_tool_loop(ctx: Any, llm: Any, messages: Sequence[Any] | str, tools: ToolRegistry, *,
+def run_tool_loop(ctx: Any, llm: Any, messages: Sequence[Any] | str,
+                  tools: ToolRegistry | Iterable[Callable[..., Any]], *,
                   max_iterations: int = 8, loop: str = "tools", **params: Any) -> LoopResult:
     """Let the model call ``tools`` until it answers (sync steps; see the module docstring)."""
+    tools = _registry(tools)
     history = _start(messages, max_iterations)
     state = _Loop(ctx, tools, loop)
     calls: list[Any] = []
@@ -399,9 +415,11 @@ def run_tool_loop(ctx: Any, llm: Any, messages: Sequence[Any] | str, tools: Tool
     raise _too_many(ctx, max_iterations, calls)
 
 
-async def arun_tool_loop(ctx: Any, llm: Any, messages: Sequence[Any] | str, tools: ToolRegistry, *,
+async def arun_tool_loop(ctx: Any, llm: Any, messages: Sequence[Any] | str,
+                         tools: ToolRegistry | Iterable[Callable[..., Any]], *,
                          max_iterations: int = 8, loop: str = "tools", **params: Any) -> LoopResult:
     """The async twin of ``run_tool_loop`` (an ``AsyncLLM``; tools may be sync or async)."""
+    tools = _registry(tools)
     history = _start(messages, max_iterations)
     state = _Loop(ctx, tools, loop)
     calls: list[Any] = []

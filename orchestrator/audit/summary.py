@@ -313,7 +313,7 @@ class _Builder:
             if data.get("effect"):
                 x.effect, x.compensable = True, bool(data.get("compensable"))
                 self.effects[seq] = {"seq": seq, "step": step, "key": data.get("key"), "execution": x.index,
-                                     "compensable": x.compensable, "result": x.update, "status": "done",
+                                     "compensable": x.compensable, "result": x.update, "status": "not undone",
                                      "attempts": 0, "errors": [], "undone_seq": None, "undo_result": None,
                                      "undo_trace": []}
         if x.ms is not None:

@@ -1,5 +1,5 @@
 import sys
 
-from orchestrator.cli.main import main
+from orchestrator.cli import main
 
 sys.exit(main())

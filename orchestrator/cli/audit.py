@@ -182,7 +182,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # -- fork ------------------------------------------------------------------------------------------
 def cmd_fork(args: argparse.Namespace) -> int:
-    with open_orchestrator(args, app=True) as orc:
+    with open_orchestrator(args, app=True, existing=True) as orc:
         new_id = orc.fork(args.run_id, from_step=args.from_step, run_id=args.new_run_id)
         first = orc.history(new_id)[0]["data"]
         result = orc.resume(new_id) if args.run else None
@@ -278,5 +278,6 @@ def add_audit_verbs(verb: Verb) -> None:
     p.add_argument("--keep-snapshots", type=int, default=None, metavar="K",
                    help="keep only the newest K snapshots of each finished run")
     p.add_argument("--older-than", default=None, metavar="DURATION",
-                   help="delete finished runs that ended longer ago than this (e.g. 30d, 12h)")
+                   help="delete finished runs that ended longer ago than this; the unit is required: "
+                        "45s, 90m, 12h, 30d or 2w (a bare number is refused)")
     p.add_argument("--dry-run", action="store_true", help="list what would be done, change nothing")

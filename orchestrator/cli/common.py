@@ -31,7 +31,8 @@ from orchestrator.errors import WorkflowNotFoundError
 from store import default_url
 from workflows import Workflow
 
-__all__ = ["UsageError", "CommandError", "parse_time", "parse_json", "parse_duration", "open_orchestrator",
+__all__ = ["UsageError", "CommandError", "parse_time", "parse_json", "parse_duration", "parse_object",
+           "open_orchestrator",
            "open_reader", "add_progress_flag", "add_app_flag", "app_workflows", "project_config", "resolve_target"]
 
 
@@ -62,18 +63,38 @@ def parse_json(text: str, what: str) -> Any:
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_duration(text: str | None, what: str) -> float | None:
-    """``90``, ``90s``, ``15m``, ``12h``, ``30d``, ``2w`` -> seconds."""
+    """``45s``, ``90m``, ``12h``, ``30d``, ``2w`` -> seconds. The unit is required: a bare ``30``
+    could mean seconds or days, and reading it the wrong way deletes runs (``gc``)."""
     if text is None:
         return None
     found = _DURATION.match(text)
     if not found:
-        raise UsageError(f"{what} {text!r} is not a duration: use a number with s, m, h, d or w (e.g. 30d)")
+        bare = re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text) is not None
+        why = "needs a unit" if bare else "is not a duration"
+        raise UsageError(f"{what} {text!r} {why}: use a number with s, m, h, d or w (e.g. 30d, 12h, 90m, 45s)")
     return float(found.group(1)) * _UNIT[found.group(2)]
+
+
+def parse_object(text: str, what: str) -> dict[str, Any]:
+    """A JSON object given on the command line (``--input``): bad JSON and a non-object are both usage errors."""
+    value = parse_json(text, what)
+    if not isinstance(value, dict):
+        raise UsageError(f"{what} must be a JSON object like '{{\"question\": \"...\"}}', "
+                         f"got a JSON {_json_kind(value)}")
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return {list: "array", str: "string", int: "number", float: "number"}.get(type(value), type(value).__name__)
 
 
 def project_config(args: argparse.Namespace) -> ProjectConfig:
@@ -126,10 +147,15 @@ def resolve_target(args: argparse.Namespace) -> tuple[Workflow, list[Workflow]]:
     return found[0], app
 
 
-def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *, app: bool = False) -> Orchestrator:
+def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *, app: bool = False,
+                      existing: bool = False) -> Orchestrator:
     """The Orchestrator a verb that writes works with: ``workflows`` plus, with ``app``, the app's;
-    the project config's redaction; progress lines on when asked or when stderr is a terminal."""
+    the project config's redaction; progress lines on when asked or when stderr is a terminal.
+    ``existing``: the verb works on a run that must already exist (resume, signal, cancel, ...), so
+    a SQLite file that does not exist is an error naming it, not a new empty database."""
     config = project_config(args)
+    if existing:
+        _require_database(args)
     registered = list(workflows)
     if app:
         registered += [wf for wf in app_workflows(args) if not any(wf is w for w in registered)]
@@ -140,13 +166,20 @@ def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *
 
 def open_reader(args: argparse.Namespace) -> Orchestrator:
     """The Orchestrator a reading verb works with: no workflow, no app imported (invariant 11)."""
+    _require_database(args)
+    return Orchestrator(args.db)
+
+
+def _require_database(args: argparse.Namespace) -> None:
+    """A SQLite file that does not exist is an error naming it: reading must not create one."""
     url = args.db or default_url()
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         path = url[len("sqlite:///"):].split("?", 1)[0]
         if path and not os.path.exists(path):
-            raise CommandError(f"no database at {path!r} (working directory {os.getcwd()!r}); "
+            run_id = getattr(args, "run_id", None)
+            subject = f"no run {run_id!r}: " if run_id else ""
+            raise CommandError(f"{subject}no database at {path!r} (working directory {os.getcwd()!r}); "
                                "pass --db URL or set AGENTSAGA_DB")
-    return Orchestrator(args.db)
 
 
 def add_app_flag(parser: argparse.ArgumentParser) -> None:

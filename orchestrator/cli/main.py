@@ -3,7 +3,9 @@
 ``--db URL`` (default: ``AGENTSAGA_DB``, else a SQLite file in the working directory) and
 ``--debug`` go before or after the verb: ``agentsaga --db URL runs`` and ``agentsaga runs --db URL``
 are the same. Errors are one line on stderr and a non-zero exit (1 for a failed operation, 2 for
-bad usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json``.
+bad usage); ``--debug`` shows the traceback too. Verbs that print data take ``--json``. A run that
+ends failed, compensated, compensation_failed or cancelled is printed on stderr (run, step, error)
+and exits 1; a run left waiting for a signal or timer exits 4 (``EXIT_CODES`` below, ``--help``).
 
 Which code runs (invariant 11): verbs that drive runs (resume, recover, cancel, compensate,
 rollback, fork, worker) drive only workflows of the app named with ``--app``, ``AGENTSAGA_APP`` or
@@ -22,15 +24,18 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from orchestrator.cli import version
 from orchestrator.payload import codec
 from orchestrator.cli.audit import add_audit_verbs
 from orchestrator.cli.common import CommandError, UsageError, add_app_flag, add_progress_flag, resolve_target
 from orchestrator.cli.common import open_orchestrator as _orchestrator
 from orchestrator.cli.common import open_reader
 from orchestrator.cli.common import parse_json as _parse_json
+from orchestrator.cli.common import parse_object
 from orchestrator.cli.common import parse_time as _parse_time
 from orchestrator.cli.config import ConfigError
-from orchestrator.engine.result import RunResult
+from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
+from orchestrator.engine.result import FAILED_STATUSES, RunResult
 from orchestrator.cli.term import json_line, safe, table, when
 from orchestrator.errors import OrchestratorError
 from store import RunRecord, StoreError
@@ -42,13 +47,18 @@ __all__ = ["main", "build_parser"]
 def _result_json(res: RunResult) -> dict[str, Any]:
     state = res.state.model_dump() if hasattr(res.state, "model_dump") else res.state
     out = {"run_id": res.run_id, "workflow": res.workflow, "status": res.status, "seq": res.seq,
-           "error": res.error, "state": json.loads(codec.dumps(state))}
+           "error": res.error, "failed_step": res.failed_step, "state": json.loads(codec.dumps(state))}
     if res.note:
         out["note"] = res.note
     return out
 
 
 def _print_result(res: RunResult, as_json: bool) -> None:
+    if res.status in FAILED_STATUSES:  # on stderr too, so a failure is never lost in the output
+        print(f"agentsaga: {safe(res.failure_line())}", file=sys.stderr)
+    elif res.status == "waiting":
+        print(f"agentsaga: run {safe(res.run_id)} is waiting (for a signal or a timer); send a signal with "
+              f"`agentsaga signal {safe(res.run_id)} NAME --resume`", file=sys.stderr)
     if as_json:
         print(json_line(_result_json(res)))
         return
@@ -61,8 +71,21 @@ def _print_result(res: RunResult, as_json: bool) -> None:
         print(f"note: {safe(res.note)}")
 
 
+EXIT_WAITING = 4
+_RUNS_A_RUN = frozenset({"run", "resume", "recover", "rollback", "signal"})
+EXIT_CODES = """exit codes:
+  0  done (run, resume, rollback, signal --resume: the run completed)
+  1  the operation failed, or the run ended failed, compensated, compensation_failed or cancelled
+     (run, resume and recover print the run, the failed step and its error on stderr)
+  2  bad usage (unknown option, bad or non-object JSON, unknown --status, a duration without a unit)
+  3  verify: the run does not verify
+  4  run, resume, rollback, signal --resume: the run is waiting for a signal or a timer"""
+
+
 def _exit_code(res: RunResult) -> int:
-    return 0 if res.status == "completed" else 1
+    if res.status == "completed":
+        return 0
+    return EXIT_WAITING if res.status == "waiting" else 1
 
 
 # -- verbs ---------------------------------------------------------------------------------------
@@ -71,11 +94,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.input_file:
         try:
             with open(args.input_file, encoding="utf-8") as fh:
-                payload = _parse_json(fh.read(), f"--input-file {args.input_file!r}")
+                payload = parse_object(fh.read(), f"--input-file {args.input_file!r}")
         except OSError as exc:
             raise UsageError(f"cannot read --input-file {args.input_file!r}: {exc.strerror}") from None
     else:
-        payload = _parse_json(args.input, "--input") if args.input else {}
+        payload = parse_object(args.input, "--input") if args.input else {}
     with _orchestrator(args, [wf, *[o for o in others if o is not wf]]) as orc:
         res = orc.run(wf, payload, run_id=args.run_id)
     _print_result(res, args.json)
@@ -83,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    with _orchestrator(args, app=True) as orc:
+    with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.resume(args.run_id, allow_graph_change=args.allow_graph_change or None)
     _print_result(res, args.json)
     return _exit_code(res)
@@ -103,11 +126,15 @@ def cmd_recover(args: argparse.Namespace) -> int:
     else:
         print(table(["RUN", "WORKFLOW", "STATUS", "EVENTS", "ERROR"],
                     [[r.run_id, r.workflow, r.status, r.seq, r.error or ""] for r in results]))
-    return 0 if all(r.status == "completed" for r in results) else 1
+    failed = [r for r in results if r.status in FAILED_STATUSES or (r.error and r.status != "completed")]
+    for r in failed:  # on stderr too, like `run`: a failure is never lost in the table
+        line = r.failure_line() if r.status in FAILED_STATUSES else f"run {r.run_id!r} not recovered: {r.error}"
+        print(f"agentsaga: {safe(line)}", file=sys.stderr)
+    return 1 if failed else 0  # runs that recovered and now wait for a signal or timer are fine
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    with _orchestrator(args, app=True) as orc:
+    with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
     _print_result(res, args.json)
     return 0
@@ -115,15 +142,27 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_signal(args: argparse.Namespace) -> int:
     payload = _parse_json(args.data, "--data") if args.data is not None else None
-    with _orchestrator(args) as orc:
+    if args.resume:
+        with _orchestrator(args, app=True, existing=True) as orc:
+            res = orc.signal(args.run_id, args.name, payload, resume=True)
+        assert res is not None
+        if res.note:  # a live process drives the run: the signal was only delivered
+            print(f"{safe(res.note)}; run {safe(res.run_id)} is {res.status}")
+            return 0
+        _print_result(res, args.json)
+        return _exit_code(res)
+    with _orchestrator(args, existing=True) as orc:
         orc.signal(args.run_id, args.name, payload)
-    print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; "
-          "it continues on the next `agentsaga recover` (or a worker)")
+    if args.json:
+        print(json_line({"run_id": args.run_id, "signal": args.name, "delivered": True, "resumed": False}))
+        return 0
+    print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; a worker continues it, or "
+          f"`agentsaga recover`; without a worker, send it with --resume to continue the run here")
     return 0
 
 
 def cmd_compensate(args: argparse.Namespace) -> int:
-    with _orchestrator(args, app=True) as orc:
+    with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.compensate(args.run_id)
     _print_result(res, args.json)
     return 0 if res.status == "compensated" else 1
@@ -131,10 +170,8 @@ def cmd_compensate(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     to: int | str = int(args.to) if args.to.isdigit() else args.to
-    payload = _parse_json(args.input, "--input") if args.input else None
-    if payload is not None and not isinstance(payload, dict):
-        raise UsageError("--input must be a JSON object (it is merged into the checkpoint's state)")
-    with _orchestrator(args, app=True) as orc:
+    payload = parse_object(args.input, "--input") if args.input else None  # merged into the checkpoint's state
+    with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.rollback(args.run_id, to=to, input=payload, next_step=args.next)
     _print_result(res, args.json)
     return _exit_code(res)
@@ -149,8 +186,16 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
     }
 
 
+#: Every status a run can have (``dead``: moved aside after too many failed recoveries).
+RUN_STATUSES = (*ACTIVE_STATUSES, *sorted(TERMINAL_STATUSES), "dead")
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
-    status = [s for part in args.status for s in part.split(",") if s] if args.status else None
+    status = [s.strip() for part in args.status for s in part.split(",") if s.strip()] if args.status else None
+    unknown = [s for s in status or () if s not in RUN_STATUSES]
+    if unknown:
+        raise UsageError(f"--status {', '.join(map(repr, unknown))} is not a run status; valid statuses: "
+                         + ", ".join(RUN_STATUSES))
     since, until = _parse_time(args.since), _parse_time(args.until)
     with open_reader(args) as orc:
         runs = orc.list_runs(status=status, workflow=args.workflow, since=since, until=until, limit=args.limit,
@@ -188,12 +233,16 @@ def _global_options(*, at_verb: bool) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     at_verb = _global_options(at_verb=True)
     parser = argparse.ArgumentParser(prog="agentsaga", description="Durable, auditable agent runs.",
-                                     parents=[_global_options(at_verb=False)])
+                                     parents=[_global_options(at_verb=False)], epilog=EXIT_CODES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"agentsaga {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
     def verb(name: str, func: Callable[[argparse.Namespace], int], help: str, json_flag: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, parents=[at_verb])
+        p = sub.add_parser(name, help=help, description=help, parents=[at_verb],
+                           epilog=EXIT_CODES if name in _RUNS_A_RUN else None,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if json_flag:
             p.add_argument("--json", action="store_true", help="print data as JSON")
         p.set_defaults(func=func)
@@ -225,10 +274,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_app_flag(p)
     add_progress_flag(p)
 
-    p = verb("signal", cmd_signal, "send a signal (e.g. a human's approval) to a run", json_flag=False)
+    p = verb("signal", cmd_signal, "send a signal (e.g. a human's approval) to a run; with --resume also "
+             "continue the run here when no worker is driving it")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--data", metavar="JSON", help="the signal's data as JSON")
+    p.add_argument("--resume", action="store_true",
+                   help="also drive the run in this process until it ends or waits again (needs --app); if a "
+                        "worker holds the run, the signal is only delivered and the worker continues it. "
+                        "Without --resume a worker (or `agentsaga recover`) continues the run")
+    add_app_flag(p)
+    add_progress_flag(p)
 
     p = verb("compensate", cmd_compensate, "retry the remaining compensations of a compensation_failed run")
     p.add_argument("run_id", metavar="RUN")
@@ -244,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_flag(p)
 
     p = verb("runs", cmd_runs, "list runs, newest first")
-    p.add_argument("--status", action="append", help="filter by status (repeat or comma-separate)")
+    p.add_argument("--status", action="append",
+                   help="filter by status (repeat or comma-separate): " + ", ".join(RUN_STATUSES))
     p.add_argument("--workflow", help="filter by workflow name")
     p.add_argument("--since", metavar="TIME", help="created at or after (ISO 8601, UTC if no zone)")
     p.add_argument("--until", metavar="TIME", help="created before (ISO 8601)")

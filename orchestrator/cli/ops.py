@@ -30,7 +30,7 @@ from orchestrator.cli.common import (
     app_workflows,
     open_orchestrator,
     open_reader,
-    parse_json,
+    parse_object,
     project_config,
     resolve_target,
 )
@@ -89,7 +89,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     wf, _ = resolve_target(args)
-    payload = parse_json(args.input, "--input") if args.input else {}
+    payload = parse_object(args.input, "--input") if args.input else {}
     with open_orchestrator(args, [wf]) as orc:
         try:
             run_id = orc.enqueue(wf, payload, queue=args.queue, priority=args.priority, dedup_key=args.dedup_key,
@@ -113,7 +113,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    with open_orchestrator(args) as orc:
+    with open_orchestrator(args, existing=True) as orc:
         status = orc.retry_dead(args.run_id)
     if args.json:
         print(json_line({"run_id": args.run_id, "status": status}))

@@ -152,14 +152,28 @@ class Engine:
         wf = self.workflows.for_run(rec, required=False)
         reading = read_state(self.store, run_id, wf)
         if wf is not None:
-            return make_result(run_id, wf, reading.folded, status=rec.status)
+            return self.with_failed_step(make_result(run_id, wf, reading.folded, status=rec.status))
         result = make_result(run_id, None, reading.folded, status=rec.status, note=reading.describe())
-        return dataclasses.replace(result, workflow=rec.workflow)
+        return self.with_failed_step(dataclasses.replace(result, workflow=rec.workflow))
+
+    def with_failed_step(self, result: RunResult) -> RunResult:
+        """``result`` with ``failed_step`` filled in from the journal when a step's failure ended the run
+        (the newest ``RunFailed``, or ``SagaStarted`` for a failure); read only for such runs."""
+        if result.status not in ("failed", "compensated", "compensation_failed"):
+            return result
+        for event in reversed(self.store.events(result.run_id)):
+            if event.kind == EventKind.RUN_FAILED or event.kind == EventKind.SAGA_STARTED:
+                data = codec.loads(event.data)
+                if event.kind == EventKind.SAGA_STARTED and data.get("reason") != "failure":
+                    return result  # a cancel's or a rollback's saga: no step failed
+                step = data.get("step")
+                return dataclasses.replace(result, failed_step=step) if isinstance(step, str) else result
+        return result
 
     # -- driving ---------------------------------------------------------------------------------
     async def drive(self, run: ActiveRun) -> RunResult:
         await self.driver.drive(run)
-        return make_result(run.run_id, run.workflow, run.folded)
+        return self.with_failed_step(make_result(run.run_id, run.workflow, run.folded))
 
     async def resume(self, run_id: str, *, force: bool, allow_graph_change: bool | None) -> RunResult:
         """Continue a run now (``force``: take its lease over, fencing out a previous owner)."""

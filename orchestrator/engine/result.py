@@ -7,7 +7,11 @@ from typing import Any
 
 from orchestrator.errors import RunFailedError
 
-__all__ = ["RunResult"]
+__all__ = ["FAILED_STATUSES", "RunResult"]
+
+
+#: The statuses of a run that ended without doing its work (``raise_for_status`` raises for them).
+FAILED_STATUSES = frozenset({"failed", "compensated", "compensation_failed", "cancelled"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +20,8 @@ class RunResult:
 
     ``state`` is the folded state: a dict, or an instance of the workflow's state model.
     ``error`` is a one-line summary of why the run did not complete (None when it did).
+    ``failed_step`` names the step whose failure ended the run (failed, compensated or
+    compensation_failed), when one did.
     ``note`` says how the state was read when it was read without the workflow's code (``result``
     of a run whose workflow is not registered): from which snapshot, and which fields were merged
     by replacement because their reducer is the workflow's own.
@@ -28,14 +34,24 @@ class RunResult:
     seq: int
     error: str | None = None
     note: str | None = None
+    failed_step: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "completed"
 
     def raise_for_status(self) -> RunResult:
-        """Return self when the run completed, else raise ``RunFailedError``."""
-        if self.status != "completed":
-            detail = f": {self.error}" if self.error else ""
-            raise RunFailedError(f"run {self.run_id!r} ended {self.status}{detail}", run_id=self.run_id, status=self.status)
+        """Return self when the run did not fail, so it chains (``orc.run(...).raise_for_status().state``);
+        raise ``RunFailedError`` naming the run, the failed step and its error when it ended failed,
+        compensated, compensation_failed or cancelled. A run still waiting (for a signal or a timer)
+        has not failed: it is returned too; check ``status`` for ``"completed"`` when that matters."""
+        if self.status in FAILED_STATUSES:
+            raise RunFailedError(self.failure_line(), run_id=self.run_id, status=self.status, step=self.failed_step,
+                                 error=self.error)
         return self
+
+    def failure_line(self) -> str:
+        """One line saying how the run ended and why: ``run 'r1' failed at step 'pay': ValueError: declined``."""
+        where = f" at step {self.failed_step!r}" if self.failed_step else ""
+        detail = f": {self.error}" if self.error else ""
+        return f"run {self.run_id!r} ended {self.status}{where}{detail}"

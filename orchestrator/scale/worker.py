@@ -294,8 +294,8 @@ class Worker:
         # within one lease length by this longest sleep.
         safety_net = max(self.poll, self.orc.engine.config.lease_ttl)
         limit = idle if (not self._listening_now or blocked) else safety_net
-        if found:
-            return limit
+        # Asked after a partial claim too: a dead worker's leases expire one by one (each was renewed
+        # at its own moment), and the next one must be taken when it expires, not a safety net later.
         try:
             due = self.store.wakeups.next_due(now=self.orc.engine.config.clock(), statuses=ACTIVE_STATUSES, queues=self.queues)
         except StoreError:

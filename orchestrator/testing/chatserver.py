@@ -111,6 +111,8 @@ class ChatServer:
         self._next = 0  # index of the next scripted reply (list scripts)
         self._failures: list[Reply] = []
         self.requests: list[dict[str, Any]] = []  # {"n", "path", "body", "authorized"} per chat request
+        self.connections = 0  # TCP connections accepted (a client that keeps connections alive opens few)
+        self.open_connections = 0  # of those, still open
         self._httpd: ThreadingHTTPServer | None = None
         self.url: str | None = None
 
@@ -221,6 +223,19 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
         # Headers and body go out in two writes: without TCP_NODELAY, Nagle holds the body back
         # until the client's delayed ACK (~40 ms per request on loopback).
         disable_nagle_algorithm = True
+
+        def setup(self) -> None:
+            super().setup()
+            with server._lock:
+                server.connections += 1
+                server.open_connections += 1
+
+        def finish(self) -> None:
+            try:
+                super().finish()
+            finally:
+                with server._lock:
+                    server.open_connections -= 1
 
         def _send(self, status: int, headers: dict[str, str], raw: bytes) -> None:
             try:

@@ -51,12 +51,12 @@ from typing import Any
 import httpx
 
 from orchestrator.payload.redact import Redactor
+from orchestrator.tools.clients import DEFAULT_TIMEOUT, client_options
 from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError, ToolError
 
 __all__ = ["HttpTool", "AsyncHttpTool", "HttpVerbs", "parse_retry_after"]
 
 BreakerHooks = tuple[Callable[[str], Any], Callable[[str, bool], Any]]
-DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 _SEND_OPTIONS = ("auth", "follow_redirects")  # client.send() options; the rest build the request
 _SNIPPET = 200  # characters of a failed response's body quoted in the error message
 
@@ -276,7 +276,7 @@ class HttpTool(HttpVerbs, _Base):
     def __init__(self, *, client: httpx.Client | None = None, **options: Any) -> None:
         super().__init__(**options)
         self._owns_client = client is None
-        self.client = client if client is not None else httpx.Client(timeout=DEFAULT_TIMEOUT)
+        self.client = client if client is not None else httpx.Client(**client_options(DEFAULT_TIMEOUT))
 
     def request(self, method: str, url: Any, *, breaker: str | None = None, **kwargs: Any) -> httpx.Response:
         if self._durable is None:
@@ -350,7 +350,7 @@ class AsyncHttpTool(HttpVerbs, _Base):
     def __init__(self, *, client: httpx.AsyncClient | None = None, **options: Any) -> None:
         super().__init__(**options)
         self._owns_client = client is None
-        self.client = client if client is not None else httpx.AsyncClient(timeout=DEFAULT_TIMEOUT)
+        self.client = client if client is not None else httpx.AsyncClient(**client_options(DEFAULT_TIMEOUT))
 
     async def request(self, method: str, url: Any, *, breaker: str | None = None, **kwargs: Any) -> httpx.Response:
         if self._durable is None:

@@ -1,7 +1,8 @@
 """The tools steps use to reach the outside world: one ``ToolBox`` per Orchestrator, and the
 ``StepTools`` of each step attempt.
 
-``ToolBox`` holds what every step shares: the pooled HTTP client, the redactor, the store-backed
+``ToolBox`` holds what every step shares: the pooled HTTP clients (one sync, one async per event
+loop: ``orchestrator.tools.clients``), the redactor, the store-backed
 circuit breakers with their declared settings, cluster-wide call limits, and the journal's body
 bound. ``StepTools`` is what one attempt did to the outside world: the HTTP requests it made
 (``calls``) and the breaker transitions it caused (``transitions``), journaled with the attempt's
@@ -19,6 +20,8 @@ in the order they are sent. An explicit ``Idempotency-Key`` header wins.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,22 +52,40 @@ class ToolBox:
         #: cluster-wide limits on in-flight calls per tool (``orchestrator.tools.limits.CallLimits``), or None
         self.call_limits = call_limits
         self._client: Any = None
+        self._aclients: Any = None  # orchestrator.tools.clients.LoopClients, made on first use
+        self._lock = threading.Lock()
 
     @property
     def client(self) -> Any:
         """One sync httpx client for all steps (connection pooling; building one costs milliseconds)."""
-        if self._client is None:
-            import httpx
+        with self._lock:  # sync steps run on threads: two may make the first call at once
+            if self._client is None:
+                import httpx
 
-            from orchestrator.tools.http import DEFAULT_TIMEOUT
+                from orchestrator.tools.clients import client_options
 
-            self._client = httpx.Client(timeout=DEFAULT_TIMEOUT)
-        return self._client
+                self._client = httpx.Client(**client_options())
+            return self._client
+
+    def async_client(self) -> Any:
+        """The running event loop's httpx.AsyncClient, shared by every async step on that loop
+        (``ctx.ahttp``, ``AsyncLLM``): one pool of kept-alive connections per loop."""
+        with self._lock:
+            if self._aclients is None:
+                from orchestrator.tools.clients import LoopClients
+
+                self._aclients = LoopClients()
+            clients = self._aclients
+        return clients.get()
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        with self._lock:
+            client, self._client = self._client, None
+            aclients, self._aclients = self._aclients, None
+        if client is not None:
+            client.close()
+        if aclients is not None:
+            aclients.close()
         if self.call_limits is not None:
             self.call_limits.close()
 
@@ -153,7 +174,12 @@ class StepTools:
         if self._ahttp is None:
             from orchestrator.tools.http import AsyncHttpTool
 
-            self._ahttp = AsyncHttpTool(**self._options(is_async=True))
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # not on a loop (a sync step): a client of its own, closed by aclose()
+                self._ahttp = AsyncHttpTool(**self._options(is_async=True))
+            else:
+                self._ahttp = AsyncHttpTool(client=self.box.async_client(), **self._options(is_async=True))
         return self._ahttp
 
     async def guard(self, breaker: str | BreakerConfig, call: Callable[[], Awaitable[Any]]) -> Any:

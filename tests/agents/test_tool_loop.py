@@ -258,3 +258,41 @@ def test_bookings_made_by_a_loop_whose_step_has_no_compensation_are_listed_as_no
     assert result.status == "failed"
     assert "NOT undone" in result.error and "lb:reserve:0:tools:0.0" in result.error
     assert "lb:reserve:0:tools:1.0" in result.error
+
+
+def test_tools_may_be_a_list_of_plain_functions(db_url, chat):
+    # Given two plain functions, no registry, and a model that calls one of them
+    def weather(city: str) -> str:
+        """Today's weather in a city."""
+        return f"sunny in {city}"
+
+    def forecast(city: str, days: int = 3) -> str:
+        """The forecast for the next days."""
+        return f"rain in {city} for {days} days"
+
+    chat.script([tool_call("weather", {"city": "Lisbon"}), reply("Take sunglasses.")])
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY)
+    wf = Workflow("plain-tools")
+
+    @wf.step
+    def ask(ctx, state):
+        return {"answer": run_tool_loop(ctx, llm, "umbrella in Lisbon?", [weather, forecast]).content}
+
+    # When the step runs
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {}, run_id="plain")
+        journal = calls(orc, "plain", "tool")
+    # Then the model was offered both, described by their hints and docstrings, and the call ran
+    assert result.status == "completed", result.error
+    assert result.state["answer"] == "Take sunglasses."
+    offered = {t["function"]["name"]: t["function"] for t in chat.requests[0]["body"]["tools"]}
+    assert offered["weather"]["description"] == "Today's weather in a city."
+    assert offered["forecast"]["parameters"]["required"] == ["city"]
+    assert journal[0]["response"] == {"ok": True, "result": "sunny in Lisbon"}
+
+
+def test_a_tool_list_with_something_not_callable_is_a_clear_error():
+    with pytest.raises(TypeError, match="'weather' \\(str\\) is not callable"):
+        ToolRegistry(["weather"])
+    with pytest.raises(TypeError, match="takes a list of functions, got str"):
+        ToolRegistry("weather")

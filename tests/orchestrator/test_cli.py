@@ -80,6 +80,9 @@ def test_recover_finds_never_driven_runs(db_url, ledger):
 
 
 def test_unknown_run_is_a_one_line_error(db_url, ledger):
+    from orchestrator import Orchestrator
+
+    Orchestrator(db_url).close()  # the database exists (a missing one is its own error, naming the file)
     done = cli("resume", "nope", "--db", db_url, ledger=ledger)
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0 and "nope" in done.stderr and "Traceback" not in done.stderr

@@ -226,3 +226,145 @@ def test_report_in_headless_chromium(sqlite_url, tmp_path):
     assert out["visibleBefore"] is False and out["visible"] is True and out["after"] > 0, out
     assert "split the question into one search" in out["text"], out
     assert out["title"] == "agentsaga run b1 (completed)"
+
+
+# -- the graph and the effects, checked in the browser that lays them out (issue 12, point 9) -----------
+def maze_workflow():
+    """A loop back up, routes that skip rows to END, a step looping on itself, and an effect."""
+    from workflows import END, Workflow
+
+    wf = Workflow("maze", version="1")
+
+    def undo(ctx, effect):
+        return {"undone": effect.key}
+
+    @wf.step()
+    def plan(ctx, state):
+        return {"rounds": state.get("rounds", 0)}
+
+    @wf.step()
+    def search(ctx, state):
+        return {"rounds": state["rounds"] + 1}
+
+    @wf.step()
+    def check(ctx, state):
+        return {"checked": state["rounds"]}
+
+    @wf.step(effect=True, compensate=undo)
+    def book(ctx, state):
+        return {"booking": ctx.idempotency_key}
+
+    @wf.step()
+    def answer(ctx, state):
+        return {"answer": "done"}
+
+    wf.edge("plan", "search")
+    wf.route("search", lambda s: "search" if s["rounds"] == 1 else "check", targets=["search", "check", END])
+    wf.route("check", lambda s: "plan" if s["rounds"] < 3 else "book", targets=["plan", "book", END])
+    wf.edge("book", "answer")
+    wf.edge("answer", END)
+    return wf
+
+
+GRAPH_PROBE = """<script>
+(function () {
+  var out = {crossings: [], nodes: {}, effects: []};
+  var boxes = Array.prototype.map.call(document.querySelectorAll('.graph g.node'), function (g) {
+    var r = g.querySelector('rect').getBBox();
+    out.nodes[g.getAttribute('data-step')] = {x: r.x, y: r.y, w: r.width, h: r.height};
+    return {name: g.getAttribute('data-step'), r: r};
+  });
+  Array.prototype.forEach.call(document.querySelectorAll('.graph path.edge'), function (p) {
+    var total = p.getTotalLength();
+    for (var d = 0; d <= total; d += 1) {
+      var pt = p.getPointAtLength(d);
+      boxes.forEach(function (b) {  // strictly inside a box, 1 px in from its border
+        if (pt.x > b.r.x + 1 && pt.x < b.r.x + b.r.width - 1 && pt.y > b.r.y + 1 && pt.y < b.r.y + b.r.height - 1) {
+          out.crossings.push(p.getAttribute('data-from') + '->' + p.getAttribute('data-to') + ' through ' + b.name);
+        }
+      });
+    }
+  });
+  out.edges = document.querySelectorAll('.graph path.edge').length;
+  var svg = document.querySelector('.graph svg').getBBox();
+  out.svg = {w: parseFloat(document.querySelector('.graph svg').getAttribute('width')), x: svg.x, right: svg.x + svg.width};
+  Array.prototype.forEach.call(document.querySelector('#effects table').querySelectorAll('tr'), function (tr) {
+    if (tr.querySelector('td') && tr.cells.length > 3) { out.effects.push(tr.cells[3].innerText.trim()); }
+  });
+  var pre = document.createElement('pre'); pre.id = 'probe'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
+
+def probe_graph(report: Path, tmp_path: Path, name: str) -> dict:
+    text = report.read_text(encoding="utf-8")
+    text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text)
+    probed = tmp_path / f"{name}-probed.html"
+    probed.write_text(text.replace("</body>", GRAPH_PROBE + "</body>"), encoding="utf-8")
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dump_dom(probed, tmp_path / f"profile-{name}"), re.DOTALL)
+    assert found, "the probe did not run"
+    return json.loads(html.unescape(found.group(1)))
+
+
+def need_chromium() -> None:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs the Debian package)")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+
+
+def test_no_edge_is_drawn_through_a_box_and_effects_show_their_real_compensation(sqlite_url, tmp_path):
+    need_chromium()
+    # Given a run that loops back up twice, loops on a step, and books an effect it never undoes
+    wf = maze_workflow()
+    with Orchestrator(sqlite_url, workflows=[wf]) as orc:
+        assert orc.run(wf, {}, run_id="m1").status == "completed"
+        report = orc.report("m1", tmp_path / "maze.html")
+    # When Chromium lays out its report
+    out = probe_graph(report, tmp_path, "maze")
+    # Then every declared edge is drawn, none of them through a box, and all inside the drawing
+    assert out["edges"] == 9, out
+    assert out["crossings"] == [], out["crossings"]
+    assert out["svg"]["x"] >= 0 and out["svg"]["right"] <= out["svg"]["w"], out["svg"]
+    # And the steps are laid out from the start down: plan above search above check above book
+    n = out["nodes"]
+    assert n["plan"]["y"] < n["search"]["y"] < n["check"]["y"] < n["book"]["y"] < n["answer"]["y"] < n["END"]["y"]
+    # And the booking, never undone, does not claim a compensation was done
+    assert out["effects"] == ["not undone"], out["effects"]
+
+
+def test_a_compensated_effect_shows_where_it_was_undone(sqlite_url, tmp_path):
+    need_chromium()
+    wf = load(AUDITFLOW)
+    with Orchestrator(sqlite_url, workflows=[wf]) as orc:
+        assert orc.run(wf, {"decline": True}, run_id="c9").status == "compensated"
+        seq = next(e["seq"] for e in orc.history("c9") if e["kind"] == "CompensationCompleted")
+        report = orc.report("c9", tmp_path / "c9.html")
+    out = probe_graph(report, tmp_path, "c9")
+    assert out["effects"] == [f"compensated at seq {seq}"], out["effects"]
+    assert out["crossings"] == []
+
+
+def test_a_forked_run_is_laid_out_like_its_workflow(sqlite_url, tmp_path):
+    need_chromium()
+    # Given a run forked at its third step, and the run it was forked from
+    wf = load(AUDITFLOW)
+    with Orchestrator(sqlite_url, workflows=[wf]) as orc:
+        orc.run(wf, {}, run_id="p1")
+        orc.fork("p1", from_step="book", run_id="f1")
+        orc.resume("f1")
+        parent = orc.report("p1", tmp_path / "p1.html")
+        fork = orc.report("f1", tmp_path / "f1.html")
+    # When Chromium lays out both reports
+    p, f = probe_graph(parent, tmp_path, "p1"), probe_graph(fork, tmp_path, "f1")
+    # Then the fork's steps sit in the workflow's order, top to bottom, as in its parent's report,
+    # with no edge through a box
+    for out in (p, f):
+        n = out["nodes"]
+        assert n["plan"]["y"] < n["search"]["y"] < n["book"]["y"] < n["confirm"]["y"] < n["END"]["y"], n
+        assert out["crossings"] == [], out["crossings"]
+    assert [f["nodes"][s]["y"] for s in ("plan", "search", "book")] == \
+        [p["nodes"][s]["y"] for s in ("plan", "search", "book")]
+    # And the fork marks the step it started at
+    assert 'class="node visited effect entry" data-step="book"' in fork.read_text(encoding="utf-8")

@@ -131,3 +131,36 @@ def test_lease_operations_on_unknown_run_raise_run_not_found(store):
         store.leases.renew("ghost", token=1, ttl=1, now=T0)
     with pytest.raises(RunNotFoundError):
         store.leases.release("ghost", token=1, now=T0)
+
+
+def test_renew_many_extends_every_current_lease_and_names_the_lost_ones(store):
+    # Given three runs leased by w1, one since taken over by w2, and a run id that does not exist
+    for run_id in ("r1", "r2", "r3"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    store.leases.acquire("r2", owner="w2", ttl=30, now=T0 + 30)
+    # When w1 renews all its leases at once at T0 + 20
+    lost = store.leases.renew_many({"r1": 1, "r2": 1, "r3": 1, "ghost": 1}, ttl=30, now=T0 + 20)
+    # Then the two it still holds run to T0 + 50, and the taken-over and missing runs are reported lost
+    assert lost == ["r2", "ghost"]
+    assert [store.get_run(r).lease_expires_at for r in ("r1", "r3")] == [T0 + 50, T0 + 50]
+    # And w2's lease is untouched
+    run = store.get_run("r2")
+    assert (run.lease_owner, run.lease_token, run.lease_expires_at) == ("w2", 2, T0 + 60)
+
+
+def test_renew_many_of_many_runs_spans_several_statements(store):
+    # Given more runs than one renewal statement carries
+    ids = [f"r{i}" for i in range(1203)]
+    for run_id in ids:
+        new_run(store, run_id, owner="w1", ttl=30)
+    # When they are renewed at once
+    lost = store.leases.renew_many(dict.fromkeys(ids, 1), ttl=100, now=T0 + 1)
+    # Then none is lost and every one was extended
+    assert lost == []
+    assert {store.get_run(r).lease_expires_at for r in ids} == {T0 + 101}
+
+
+def test_renew_many_of_nothing_and_bad_ttl(store):
+    assert store.leases.renew_many({}, ttl=30, now=T0) == []
+    with pytest.raises(ValueError, match="ttl"):
+        store.leases.renew_many({"r1": 1}, ttl=0, now=T0)

@@ -13,6 +13,7 @@ from store import (
     ConfigError,
     SchemaVersionError,
     StoreError,
+    StoreUnavailableError,
     default_url,
     open_store,
 )
@@ -102,6 +103,52 @@ def test_postgres_schemes_mean_psycopg_and_the_password_is_masked(pg_url, scheme
     with open_store(url) as s:
         assert s.dialect == "postgresql"
         assert "pw123" not in s.url and "pw123" not in repr(s)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("wrong", ["database", "role"])
+def test_a_mistyped_postgres_database_or_role_fails_at_once_naming_the_url(pg_base_url, wrong, monkeypatch):
+    from store._postgres import PostgresDialect
+
+    # Given a URL naming a database or a role the server does not have, with a password in it
+    rest = pg_base_url.split("://", 1)[1].split("@", 1)[1]
+    host, _, _ = rest.partition("/")
+    url = (f"postgresql://postgres:pw123@{host}/no_such_db_x" if wrong == "database"
+           else f"postgresql://no_such_role_x:pw123@{host}/test")
+    attempts = []
+    real_connect = PostgresDialect.connect
+    monkeypatch.setattr(PostgresDialect, "connect", lambda self: attempts.append(1) or real_connect(self))
+    # When the store is opened, with retries allowed for a long time
+    with pytest.raises(StoreUnavailableError) as caught:
+        open_store(url, retry_for=30)  # were it retried, several attempts would be counted
+    # Then it failed on the first attempt, not retried, naming the URL (password masked) and the cause
+    message = str(caught.value)
+    assert len(attempts) == 1
+    assert "not retried" in message and "after retrying" not in message
+    assert f"postgres:***@{host}/no_such_db_x" in message if wrong == "database" else "no_such_role_x:***@" in message
+    assert "pw123" not in message
+    assert f'{wrong} "no_such_{"db" if wrong == "database" else "role"}_x" does not exist' in message
+
+
+@pytest.mark.parametrize("text", [
+    'connection to server at "h", port 5432 failed: FATAL:  password authentication failed for user "u"',
+    'connection to server at "h", port 5432 failed: FATAL:  no pg_hba.conf entry for host "1.2.3.4"',
+    'connection to server at "h", port 5432 failed: fe_sendauth: no password supplied',
+])
+def test_refused_logins_are_permanent_and_refused_connections_transient(text):
+    import psycopg
+
+    from store._dialect import ErrorKind
+    from store._postgres import PostgresDialect
+    from store._url import parse_url
+
+    # Given the Postgres dialect classifying errors raised while connecting
+    url = "postgresql://u@h/db"
+    dialect = PostgresDialect(url, parse_url(url)[1], retry_for=1)
+    # Then a refused login is permanent, while a refused or timed-out connection is worth retrying
+    assert dialect.classify(psycopg.OperationalError(text), None) is ErrorKind.UNAVAILABLE
+    refused = 'connection to server at "h", port 5432 failed: Connection refused'
+    assert dialect.classify(psycopg.OperationalError(refused), None) is ErrorKind.TRANSIENT
 
 
 # -- schema -----------------------------------------------------------------------------------

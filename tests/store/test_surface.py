@@ -15,7 +15,7 @@ STORE_METHODS = {
     "snapshots", "snapshot", "prune_snapshots", "delete_runs", "info", "close", "url", "dialect",
 }
 PARTS = {
-    "leases": {"acquire", "renew", "release"},
+    "leases": {"acquire", "renew", "renew_many", "release"},
     "queues": {"claim", "claim_some", "claim_from", "in_flight"},
     "wakeups": {"park", "wake", "next_due", "listener"},
     "signals": {"send", "pending", "consume"},

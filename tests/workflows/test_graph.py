@@ -155,10 +155,21 @@ def test_join_needs_two_sources_and_known_steps():
         wf.validate()
 
 
-def test_compensate_without_effect_is_an_error():
+def test_compensate_contradicted_by_effect_false_is_an_error():
     wf = Workflow("w")
-    with pytest.raises(DefinitionError, match="need effect=True"):
-        wf.step(name="a", compensate=noop)(noop)
+    with pytest.raises(DefinitionError, match="effect=False contradicts compensate"):
+        wf.step(name="a", effect=False, compensate=noop)(noop)
+
+
+def test_a_step_with_a_compensation_or_a_check_is_an_effect():
+    # Given steps declaring their compensation or check hook next to them, without effect=True
+    wf = Workflow("w")
+    wf.step(name="a", compensate=noop)(noop)
+    wf.step(name="b", check=noop)(noop)
+    wf.step(name="c")(noop)
+    # Then the first two are effects (and described as such in the graph), the plain one is not
+    assert [wf.steps[n].effect for n in "abc"] == [True, True, False]
+    assert [s.get("effect", False) for s in wf.describe()["steps"]] == [True, True, False]
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -1,0 +1,187 @@
+"""The HTTP clients steps share: one sync client, and one async client per event loop.
+
+Building an httpx client is not free: with certificate verification on (the default) it loads the
+system's CA bundle into a new SSL context, tens of milliseconds of CPU, even for an ``http://``
+URL. A client per call also opens a TCP connection per call. So the process builds the SSL context
+once (``ssl_context()``) and each ``ToolBox`` (one per Orchestrator) keeps:
+
+- one ``httpx.Client`` for sync steps (``ctx.http``, ``LLM``), pooled and thread-safe;
+- one ``httpx.AsyncClient`` per event loop (``ctx.ahttp``, ``AsyncLLM``): an async client is bound
+  to the loop it first ran on, so every loop gets its own, reused by every run on that loop.
+
+Connections are kept alive between calls and there is no limit on connections (N runs at once
+make N calls at once; a cap would queue them behind each other). An async client's connections
+are kept in small pools (``SHARD`` calls in flight each, more pools as more calls are in flight):
+httpcore's pool does work proportional to the square of its size on every request, which at a
+thousand concurrent calls costs more CPU than the calls themselves. An async client is closed
+when its loop shuts down (``asyncio.run`` and its kin finalise the loop's async generators, and a
+parked one closes the client), or by ``close()``/``aclose()``, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+__all__ = ["LoopClients", "ShardedTransport", "client_options", "ssl_context"]
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+#: no cap on connections (concurrent calls are the point); idle ones are dropped after keepalive_expiry
+LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=30.0)
+
+
+@functools.lru_cache(maxsize=1)
+def ssl_context() -> ssl.SSLContext:
+    """The process's one verifying SSL context (system CAs, as httpx builds it), made on first use."""
+    return httpx.create_ssl_context()
+
+
+def client_options(timeout: Any = DEFAULT_TIMEOUT) -> dict[str, Any]:
+    """What every shared client is built with: the shared SSL context, keep-alive, no pool cap."""
+    return {"timeout": timeout, "verify": ssl_context(), "limits": LIMITS}
+
+
+class LoopClients:
+    """An ``httpx.AsyncClient`` per event loop, made on first use in that loop (see the module docstring)."""
+
+    def __init__(self, timeout: Any = DEFAULT_TIMEOUT) -> None:
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = \
+            weakref.WeakKeyDictionary()
+        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncIterator[None]] = \
+            weakref.WeakKeyDictionary()
+        self.closed = False
+
+    def get(self) -> httpx.AsyncClient:
+        """The running loop's client (made now if it has none)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the HTTP clients are closed (the Orchestrator was closed)")
+            client = self._clients.get(loop)
+            if client is not None and not client.is_closed:
+                return client
+            options = client_options(self._timeout)
+            client = httpx.AsyncClient(timeout=options["timeout"], transport=ShardedTransport(verify=options["verify"]))
+            self._clients[loop] = client
+            # Started on this loop, the generator waits at its first yield until the loop's
+            # shutdown_asyncgens() finalises it, which closes the client while the loop still runs.
+            closer = _close_at_shutdown(client)
+            self._closers[loop] = closer
+        loop.create_task(_park(closer))
+        return client
+
+    def clients(self) -> list[httpx.AsyncClient]:
+        with self._lock:
+            return list(self._clients.values())
+
+    async def aclose(self) -> None:
+        """Close the running loop's client, and every other one that can be closed from here."""
+        self.closed = True
+        loop = asyncio.get_running_loop()
+        for owner, client in self._take():
+            if owner is loop:
+                await client.aclose()
+            else:
+                _close_elsewhere(owner, client)
+
+    def close(self) -> None:
+        """Close every client: now where its loop is idle; as a task on a loop that is running."""
+        self.closed = True
+        for owner, client in self._take():
+            _close_elsewhere(owner, client)
+
+    def _take(self) -> list[tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]]:
+        with self._lock:
+            taken = list(self._clients.items())
+            self._clients.clear()
+            self._closers.clear()
+        return taken
+
+
+def _close_elsewhere(loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient) -> None:
+    if client.is_closed or loop.is_closed():
+        return  # a closed loop finalised its async generators, which closed the client
+    if loop.is_running():
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.create_task(client.aclose())
+        else:
+            asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+        return
+    loop.run_until_complete(client.aclose())
+
+
+async def _close_at_shutdown(client: httpx.AsyncClient) -> AsyncIterator[None]:
+    try:
+        yield
+        yield  # never reached: the loop's shutdown finalises the generator at the first yield
+    finally:
+        if not client.is_closed:
+            await client.aclose()
+
+
+async def _park(closer: AsyncIterator[None]) -> None:
+    await closer.__anext__()  # registers the generator with the loop; it waits at its first yield
+
+
+SHARD = 16  # calls in flight per connection pool of an async client
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """An async transport made of small connection pools: each request goes to the pool with the
+    fewest calls in flight, and a new pool is opened when every pool has ``SHARD`` of them. A call
+    counts as in flight until its response is closed (read to the end, or abandoned)."""
+
+    def __init__(self, *, verify: Any = True, shard: int = SHARD) -> None:
+        self._verify = verify
+        self._shard = shard
+        self._pools: list[list[Any]] = []  # [transport, calls in flight]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        pool = min(self._pools, key=lambda p: p[1]) if self._pools else None
+        if pool is None or pool[1] >= self._shard:
+            pool = [httpx.AsyncHTTPTransport(verify=self._verify, limits=LIMITS), 0]
+            self._pools.append(pool)
+        pool[1] += 1
+        try:
+            response = await pool[0].handle_async_request(request)
+        except BaseException:
+            pool[1] -= 1
+            raise
+        response.stream = _Counted(response.stream, pool)
+        return response
+
+    async def aclose(self) -> None:
+        pools, self._pools = self._pools, []
+        for transport, _ in pools:
+            await transport.aclose()
+
+
+class _Counted(httpx.AsyncByteStream):
+    """A response stream that gives its pool's in-flight count back once, when it is closed."""
+
+    def __init__(self, stream: Any, pool: list[Any]) -> None:
+        self._stream = stream
+        self._pool: list[Any] | None = pool
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool[1] -= 1
+        await self._stream.aclose()
