@@ -154,14 +154,17 @@ def instrument_store(store: Any, process: Process) -> Any:
     # A heartbeat left behind by a dead process must not renew anything either (no crash point:
     # renewals run on their own clock, not the run's).
     leases = store.leases
-    renew = leases.renew
-
-    def fenced_renew(*args: Any, **kwargs: Any) -> Any:
-        process.fence()
-        return renew(*args, **kwargs)
-
-    leases.renew = fenced_renew
+    leases.renew = _fenced(process, leases.renew)
+    leases.renew_many = _fenced(process, leases.renew_many)
     return store
+
+
+def _fenced(process: Process, real: Callable[..., Any]) -> Callable[..., Any]:
+    def fenced(*args: Any, **kwargs: Any) -> Any:
+        process.fence()
+        return real(*args, **kwargs)
+
+    return fenced
 
 
 def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[..., Any]:
