@@ -252,6 +252,11 @@ class Orchestrator:
         the signal is only delivered and that process continues the run: the result returned is the
         run as it stands, its ``note`` saying who drives it. The run's workflow must be registered
         here; that is checked before anything is sent."""
+        if not resume:
+            # Sending drives nothing: no event loop is needed, so a step (or any async caller) can
+            # signal another run with the plain call.
+            self.engine.signal(run_id, name, data)
+            return None
         return run_sync(self.asignal(run_id, name, data, resume=resume))
 
     async def asignal(self, run_id: str, name: str, data: Any = None, *, resume: bool = False) -> RunResult | None:

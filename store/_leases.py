@@ -25,7 +25,10 @@ __all__ = ["Leases"]
 _TAKE_LEASE = (
     "lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?,"
     # A previous owner that never released means the run is being recovered.
-    " recoveries = recoveries + (CASE WHEN lease_owner IS NULL THEN 0 ELSE 1 END)"
+    " recoveries = recoveries + (CASE WHEN lease_owner IS NULL THEN 0 ELSE 1 END),"
+    # A run taken by its lease is driven, no longer parked: should its new owner die, claims must find
+    # it once the lease expires, whatever wake-up time it was parked until (it parks anew to wait).
+    " wake_at = NULL"
 )
 _READ_LEASE = "SELECT lease_owner, lease_expires_at FROM agentsaga_runs WHERE run_id = ?"
 _ACQUIRE_RACES = 3  # re-reads allowed when the lease changes between our UPDATE and our read

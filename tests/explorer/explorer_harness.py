@@ -42,10 +42,14 @@ import httpx
 import httpx._transports.default as _httpx_default
 
 from orchestrator import Orchestrator, RunResult
+from orchestrator.engine import TERMINAL_STATUSES
 from orchestrator.testing import BookingService, FakeClock
-from store import StoreUnavailableError, open_store
+from store import RunNotFoundError, StoreUnavailableError, open_store
 
 T0 = 1_800_000_000.0
+#: The explorer's lease: long, so that no heartbeat is needed while a run is driven (heartbeats are
+#: hourly); a successor that recovers instead of resuming moves the clock past it.
+LEASE_TTL = 7200.0
 
 #: The simulated process the current thread (or task) belongs to; copied into step threads.
 CURRENT: ContextVar[Process | None] = ContextVar("explorer_process", default=None)
@@ -150,14 +154,17 @@ def instrument_store(store: Any, process: Process) -> Any:
     # A heartbeat left behind by a dead process must not renew anything either (no crash point:
     # renewals run on their own clock, not the run's).
     leases = store.leases
-    renew = leases.renew
-
-    def fenced_renew(*args: Any, **kwargs: Any) -> Any:
-        process.fence()
-        return renew(*args, **kwargs)
-
-    leases.renew = fenced_renew
+    leases.renew = _fenced(process, leases.renew)
+    leases.renew_many = _fenced(process, leases.renew_many)
     return store
+
+
+def _fenced(process: Process, real: Callable[..., Any]) -> Callable[..., Any]:
+    def fenced(*args: Any, **kwargs: Any) -> Any:
+        process.fence()
+        return real(*args, **kwargs)
+
+    return fenced
 
 
 def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -341,7 +348,7 @@ def make_orchestrator(url: str, process: Process, world: World, workflows: list[
     # NORMAL in WAL loses nothing on a process crash (only on power loss), which is what is explored here.
     store = instrument_store(open_store(fast_url(url), sqlite_synchronous="NORMAL"), process)
     return Orchestrator(store=store, workflows=workflows, owner=f"explorer-{process.name}", clock=world.clock.clock,
-                        sleep=world.clock.sleep, snapshot_every=5, keep_snapshots=2, lease_ttl=7200.0,
+                        sleep=world.clock.sleep, snapshot_every=5, keep_snapshots=2, lease_ttl=LEASE_TTL,
                         heartbeat=3600.0)
 
 
@@ -353,16 +360,25 @@ def abandon(orc: Orchestrator) -> None:
     orc.store.close()
 
 
-def drive(flow: Any, world: World, orc: Orchestrator, process: Process, run_id: str) -> RunResult:
-    """Start or continue the run as its scenario says, until it ends (or the process dies)."""
+def drive(flow: Any, world: World, orc: Orchestrator, process: Process, run_id: str, *,
+          takeover: str = "resume") -> RunResult:
+    """Start or continue the run as its scenario says, until it ends (or the process dies).
+
+    A run that exists is taken over with ``resume`` (the lease at once, a new fencing token), or with
+    ``recover`` once the clock has passed the dead owner's lease, as a worker finding it would."""
     token = CURRENT.set(process)
     try:
         try:
-            orc.store.get_run(run_id)
-        except Exception:  # noqa: BLE001 - RunNotFoundError: the run was never created
+            record = orc.store.get_run(run_id)
+        except RunNotFoundError:  # the run was never created
             result = orc.run(flow.workflow, flow.input(world), run_id=run_id)
         else:
-            result = orc.resume(run_id)
+            if takeover == "recover" and record.status not in TERMINAL_STATUSES:
+                world.clock.advance(LEASE_TTL + 1)
+                recovered = {r.run_id: r for r in orc.recover()}
+                result = recovered[run_id] if run_id in recovered else orc.result(run_id)
+            else:
+                result = orc.resume(run_id)
         for _ in range(20):
             if result.status != "waiting":
                 return result
@@ -411,7 +427,10 @@ def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: P
                 second = Process("gen1")
                 processes.append(second)
                 orcs.append(make_orchestrator(url, second, world, [flow.workflow]))
-                result = drive(flow, world, orcs[-1], second, run_id)
+                # Every other crash point, the successor recovers the run once its lease lapsed
+                # instead of taking it over at once.
+                takeover = "recover" if (plan.at or 0) % 2 == 0 else "resume"
+                result = drive(flow, world, orcs[-1], second, run_id, takeover=takeover)
             elif result is None:
                 # A process that met a failed write lives on, and resumes the run once the database answers.
                 result = drive(flow, world, orcs[0], first, run_id)
@@ -427,6 +446,15 @@ def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: P
     finally:
         # Stopping waits for the server's poll interval: let it happen beside the next exploration.
         threading.Thread(target=service.stop, name="explorer-service-stop", daemon=True).start()
+
+
+def only(flow: str) -> set[int] | None:
+    """``EXPLORER_ONLY=flow:k[,k...]``: explore just those points of that flow (None: all of them)."""
+    spec = os.environ.get("EXPLORER_ONLY")
+    if not spec:
+        return None
+    name, _, ks = spec.partition(":")
+    return {int(k) for k in ks.split(",")} if name == flow else set()
 
 
 # -- the invariants ------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from explorer_harness import (
     check,
     check_reference,
     explore,
+    only,
     outgoing_calls_instrumented,
 )
-from test_sweep import only
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -3,12 +3,14 @@
 The run is the explorer's approval flow (a draft whose writer fails once and is retried, a hold at
 a hotel, a wait for a signal, a durable timer, a publication). The rules are what the outside world
 and the processes can do, in any order: resume the run, send the approval signal (even before the
-run waits for it, or twice), let time pass, roll back to the draft with new feedback, and kill the
+run waits for it, or twice), let time pass, roll back to the draft with new feedback, recover every
+run once the leases lapsed (as a worker does), cancel the run with compensation, and kill the
 process between two moves. Any move but the clock may also be cut short by a crash at its n-th
 crash point or by a store write that fails once or loses its reply. After every move the journal
 verifies, no completed step ran again, no booking took effect twice and no cancellation happened
-twice; at the end a fresh process drives the run to completion and every draft that was rolled
-back had its hold cancelled exactly once, the last draft's hold stands and was published once.
+twice; at the end a fresh process drives the run to its end: cancelled, every hold undone once; or
+completed, every draft that was rolled back had its hold cancelled exactly once, the last draft's
+hold stands and was published once.
 
 The profile is derandomized with a fixed seed (``settings(derandomize=True)``, no example
 database), so CI explores the same interleavings on every run; a failure prints the steps.
@@ -24,6 +26,7 @@ import pytest
 from explorer_flows import Approval
 from explorer_harness import (
     CURRENT,
+    LEASE_TTL,
     T0,
     Plan,
     Process,
@@ -44,6 +47,7 @@ from hypothesis.stateful import (
 )
 
 from orchestrator import RunStateError
+from orchestrator.engine import TERMINAL_STATUSES
 from orchestrator.testing import BookingService, FakeClock
 from store import RunNotFoundError, StoreUnavailableError
 
@@ -65,6 +69,7 @@ class Interleavings(RuleBasedStateMachine):
         self.generation = 0
         self.orcs = []
         self.signals_sent = 0
+        self.cancel_tried = False
         self._new_process()
 
     def _new_process(self) -> None:
@@ -136,6 +141,31 @@ class Interleavings(RuleBasedStateMachine):
         self.rollbacks = feedback  # a rollback cut short may or may not have been journaled
         self._move(fault, move)
 
+    @rule(fault=FAULTS)
+    def recover_once_the_lease_lapsed(self, fault) -> None:
+        """A worker's sweep: time passes beyond any lease, and every run it may take is recovered."""
+        if self._status() is None:
+            return
+        self.world.clock.advance(LEASE_TTL + 1)
+        generation = self.generation
+        self._move(fault, self.orc.recover)
+        if self.generation == generation and self.process.faulted is None:
+            # A sweep that ran to its end left no run behind that it could take: every lease had
+            # lapsed, so the run is finished, or parked waiting for what it waits for.
+            status = self._status()
+            assert status in TERMINAL_STATUSES or status == "waiting", f"recover left the run {status}"
+
+    @rule(fault=FAULTS)
+    def cancel_with_compensation(self, fault) -> None:
+        status = self._status()
+        if status is None or status in TERMINAL_STATUSES:
+            return
+        self.cancel_tried = True  # a cancel cut short may or may not have been journaled
+
+        def move() -> None:
+            self.orc.cancel(self.run_id, reason="the client left", compensate=True)
+        self._move(fault, move)
+
     @rule()
     def kill_the_process(self) -> None:
         self.process.dead = "killed between two moves"
@@ -187,12 +217,16 @@ class Interleavings(RuleBasedStateMachine):
                 result = self.orc.resume(self.run_id)
         finally:
             CURRENT.reset(token)
-        assert result.status == "completed", (result.status, result.error)
         self.journal_and_world_agree()
         ledger = self.service.ledger()
-        draft = result.state["draft"]
         holds = {e["body"]["hold"]: e["id"] for e in ledger if e["action"] == "book" and "hold" in e["body"]}
         cancelled = {e["id"] for e in ledger if e["action"] == "cancel"}
+        if self.cancel_tried and result.status == "cancelled":
+            # Cancelled with compensation: every hold ever made is undone, each once.
+            assert set(holds.values()) <= cancelled, (holds, cancelled)
+            return
+        assert result.status == "completed", (result.status, result.error)
+        draft = result.state["draft"]
         # Every hold of a draft that was rolled back was cancelled; the last draft's hold stands.
         assert {v for v, i in holds.items() if i in cancelled} == set(holds) - {draft}, (holds, cancelled, draft)
         published = [e["body"]["publish"] for e in ledger if e["action"] == "book" and "publish" in e["body"]]
@@ -205,5 +239,5 @@ def test_interleaved_signals_timers_retries_rollbacks_crashes_and_failed_writes_
     Interleavings.url = db_url
     with outgoing_calls_instrumented():
         run_state_machine_as_test(Interleavings, settings=settings(
-            max_examples=30, stateful_step_count=20, derandomize=True, database=None, deadline=None,
+            max_examples=40, stateful_step_count=20, derandomize=True, database=None, deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))

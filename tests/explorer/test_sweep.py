@@ -17,8 +17,6 @@ point: ``EXPLORER_ONLY=trip:17 python -m pytest tests/explorer/test_sweep.py -k 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from explorer_flows import FLOWS
 from explorer_harness import (
@@ -26,17 +24,9 @@ from explorer_harness import (
     check,
     check_reference,
     explore,
+    only,
     outgoing_calls_instrumented,
 )
-
-
-def only(flow: str) -> set[int] | None:
-    """``EXPLORER_ONLY=flow:k[,k...]``: explore just those points of that flow."""
-    spec = os.environ.get("EXPLORER_ONLY")
-    if not spec:
-        return None
-    name, _, ks = spec.partition(":")
-    return {int(k) for k in ks.split(",")} if name == flow else set()
 
 
 def sweep(kind: str, name: str, db_url: str, chat_url: str, backend: str, explored: dict) -> None:

@@ -692,3 +692,74 @@ def test_a_timed_out_sync_step_is_fenced_and_does_not_hold_the_caller(orc_factor
     # And the attempt in doubt (resend=False) was not blindly retried: the step failed as in doubt
     assert result.status == "failed" and "InDoubtError" in result.error
     assert "attempt 2" not in outcomes
+
+
+# -- found by the crash-point explorer (tests/explorer): a run taken over while parked ----------------------
+def _reviewed_flow() -> Workflow:
+    wf = Workflow("reviewed")
+
+    @wf.step(start=True)
+    def draft(ctx, state):
+        return {"draft": "v2" if state.get("feedback") else "v1"}
+
+    @wf.step()
+    def approve(ctx, state):
+        return {"approved": ctx.wait_for("approval")["by"]}
+
+    wf.edge("draft", "approve")
+    wf.edge("approve", END)
+    return wf
+
+
+def test_a_waiting_run_whose_rollback_died_midway_is_recovered_once_its_lease_expires(orc_factory, fake_time):
+    # Given a run parked until a signal comes (no timeout)
+    wf = _reviewed_flow()
+    orc = orc_factory(wf, lease_ttl=5)
+    assert orc.run(wf, {}, run_id="rv").status == "waiting"
+    # When a rollback takes it over and its process dies once the saga's start is journaled
+    dying = orc_factory(wf, lease_ttl=5)
+    real = dying.store.append
+
+    def append(run_id, events, **kw):
+        out = real(run_id, events, **kw)
+        if any(e.kind == EventKind.SAGA_STARTED for e in events):
+            raise Died
+        return out
+
+    dying.store.append = append
+    with pytest.raises(Died):
+        dying.rollback("rv", to="draft", input={"feedback": 1})
+    # Then, once the dead owner's lease expired, recovery in a new process picks the run up (it is no
+    # longer parked: the wake-up time of the wait it left must not hide it) and the rollback completes
+    fake_time.advance(60)
+    results = orc_factory(wf, lease_ttl=5).recover()
+    assert [(r.run_id, r.status) for r in results] == [("rv", "waiting")]
+    assert orc.result("rv").state["draft"] == "v2"
+    assert EventKind.ROLLED_BACK in kinds(orc, "rv")
+    assert orc.verify("rv").ok
+
+
+def test_a_waiting_run_resumed_by_a_process_that_died_is_recovered_once_its_lease_expires(orc_factory, fake_time):
+    # Given a run parked until a signal comes, explicitly resumed by a process that dies at once
+    wf = _reviewed_flow()
+    orc = orc_factory(wf, lease_ttl=5)
+    assert orc.run(wf, {}, run_id="rw").status == "waiting"
+    dying = orc_factory(wf, lease_ttl=5)
+    real = dying.store.append
+
+    def append(run_id, events, **kw):
+        out = real(run_id, events, **kw)
+        if any(e.kind == EventKind.RESUMED for e in events):
+            raise Died
+        return out
+
+    dying.store.append = append
+    with pytest.raises(Died):
+        dying.resume("rw")
+    # When the signal is sent, and the dead owner's lease has expired
+    orc.signal("rw", "approval", {"by": "ann"})
+    fake_time.advance(60)
+    # Then recovery picks the run up and it completes with the approval
+    results = orc_factory(wf, lease_ttl=5).recover()
+    assert [(r.run_id, r.status) for r in results] == [("rw", "completed")]
+    assert orc.result("rw").state["approved"] == "ann"

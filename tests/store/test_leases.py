@@ -74,6 +74,17 @@ def test_force_takeover_fences_the_old_owner(store):
     assert store.get_run("r1").lease_owner == "w2"
 
 
+def test_taking_a_parked_runs_lease_unparks_it_so_claims_find_it_if_the_new_owner_dies(store):
+    # Given a run parked until a signal comes (wake_at far ahead), its lease released
+    token = new_run(store, "r1", owner="w1", ttl=30)
+    store.wakeups.park("r1", token=token, wake_at=1e18, now=T0 + 1, release=True)
+    # When a process takes its lease (a resume, a rollback) and dies holding it
+    store.leases.acquire("r1", owner="w2", ttl=10, now=T0 + 2, force=True, status="running")
+    # Then the run is no longer parked: once the lease expires, a claim takes it
+    assert store.get_run("r1").wake_at is None
+    assert store.queues.claim(owner="w3", ttl=10, now=T0 + 13) == [("r1", 3)]
+
+
 def test_renew_extends_the_lease(store):
     # Given a lease expiring at T0 + 30
     token = new_run(store, "r1", ttl=30)
