@@ -38,7 +38,7 @@ from orchestrator.payload.redact import Redactor
 from orchestrator.tools.breakers import StoreBreakers
 from orchestrator.tools.limits import CallLimits, ToolLimits
 from orchestrator.tools.toolbox import ToolBox
-from store import RunRecord, Store, open_store
+from store import RunRecord, SnapshotInfo, Store, open_store
 from workflows import Workflow
 
 __all__ = ["Orchestrator"]
@@ -286,9 +286,18 @@ class Orchestrator:
         """What the run did: status, timings, step executions, effects, snapshots, the failure."""
         return self.audit.summary(run_id, keep_states=keep_states)
 
-    def verify(self, run_id: str) -> VerifyReport:
-        """Re-fold the journal and check every snapshot against it; ``report.ok`` is the verdict."""
-        return self.audit.verify(run_id)
+    def verify(self, run_id: str, *, mark: bool = True) -> VerifyReport:
+        """Re-fold the journal and check every snapshot against it; ``report.ok`` is the verdict.
+        Each snapshot's verdict is recorded in the checkpoint catalog unless ``mark=False``."""
+        return self.audit.verify(run_id, mark=mark)
+
+    def snapshots(self, run_id: str) -> list[SnapshotInfo]:
+        """The run's checkpoint catalog, newest first: trigger, seq, time, code, size, validity."""
+        return self.audit.snapshots(run_id)
+
+    def quarantine(self, run_id: str, seq: int, *, reason: str) -> None:
+        """Set the snapshot at ``seq`` aside: recoveries skip it (and journal why), verify keeps the mark."""
+        self.audit.quarantine(run_id, seq, reason=reason)
 
     def fork(self, parent_id: str, /, *, from_step: str, run_id: str | None = None) -> str:
         """A new pending run from ``parent_id``'s state just before ``from_step``; returns its id."""

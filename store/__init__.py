@@ -13,7 +13,15 @@ The contract is docs/internals-store.md.
 
 from ._api import Store
 from ._open import open_store
-from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
+from ._records import (
+    VALIDITY,
+    EventRecord,
+    NewEvent,
+    NewSnapshot,
+    RunRecord,
+    SnapshotInfo,
+    SnapshotRecord,
+)
 from ._schema import SCHEMA_VERSION
 from ._url import default_url
 from .errors import (
@@ -38,6 +46,8 @@ __all__ = [
     "EventRecord",
     "NewSnapshot",
     "SnapshotRecord",
+    "SnapshotInfo",
+    "VALIDITY",
     "StoreError",
     "ConfigError",
     "SchemaVersionError",

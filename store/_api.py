@@ -42,7 +42,15 @@ from ._fence import Fence
 from ._journal import INSERT_EVENT, PRUNE_SNAPSHOTS, Journal, check_batch, event_row
 from ._leases import Leases
 from ._queues import Queues
-from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
+from ._records import (
+    VALIDITY,
+    EventRecord,
+    NewEvent,
+    NewSnapshot,
+    RunRecord,
+    SnapshotInfo,
+    SnapshotRecord,
+)
 from ._schema import SCHEMA_VERSION, ensure_schema
 from ._signals import Signals
 from ._slots import Slots
@@ -342,6 +350,48 @@ class Store:
             params.append(seq)
         rows = self._d.fetchall(conn, sql + " ORDER BY seq DESC", params)
         return [SnapshotRecord(*row) for row in rows]
+
+    def snapshot_catalog(self, run_id: str) -> list[SnapshotInfo]:
+        """The run's snapshot catalog, newest first: every snapshot's metadata and validity flag,
+        without its state (so a recovery reads only the states it tries)."""
+        sql = (
+            "SELECT seq, sha256, schema_version, trigger, created_at, workflow, version, fingerprint,"
+            " agentsaga_version, python_version, config_hash, size_bytes, validity, validity_reason,"
+            " checked_at FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC"
+        )
+
+        def work(conn: Any) -> list[SnapshotInfo]:
+            pk = self._fence.require_run(conn, run_id)
+            return [SnapshotInfo(*row) for row in self._d.fetchall(conn, sql, (pk,))]
+
+        return self._b.run("snapshot_catalog", work)
+
+    def mark_snapshot(
+        self, run_id: str, seq: int, validity: str, *, reason: str | None, checked_at: float,
+        keep_bad: bool = False,
+    ) -> bool:
+        """Set a snapshot's validity flag (one of `VALIDITY`) and why; return whether it exists.
+
+        The flag is catalog metadata, not history: it is not fenced by the run's lease, and setting
+        it never touches the journal. With `keep_bad`, a snapshot already marked `failed` or
+        `quarantined` keeps its mark and reason (a recovery confirming what a check found)."""
+        if validity not in VALIDITY:
+            raise ValueError(f"mark_snapshot: validity must be one of {', '.join(VALIDITY)}, got {validity!r}")
+        sql = (
+            "UPDATE agentsaga_snapshots SET validity = ?, validity_reason = ?, checked_at = ?"
+            " WHERE run_pk = ? AND seq = ?"
+        )
+        if keep_bad:
+            sql += " AND validity NOT IN ('failed', 'quarantined')"
+
+        def work(conn: Any) -> bool:
+            pk = self._fence.require_run(conn, run_id)
+            if self._d.execute(conn, sql, (validity, reason, checked_at, pk, seq)).rowcount:
+                return True
+            found = "SELECT 1 FROM agentsaga_snapshots WHERE run_pk = ? AND seq = ?"
+            return self._d.fetchone(conn, found, (pk, seq)) is not None
+
+        return self._b.run("mark_snapshot", work)
 
     def prune_snapshots(self, run_id: str, keep: int) -> int:
         """Delete all but the newest `keep` snapshots; return how many were deleted."""

@@ -39,7 +39,8 @@ PRUNE_SNAPSHOTS = (
 )
 _INSERT_SNAPSHOT = (
     "INSERT INTO agentsaga_snapshots (run_pk, seq, state, sha256, schema_version, trigger,"
-    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " created_at, workflow, version, fingerprint, agentsaga_version, python_version, config_hash,"
+    " size_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT_EVENTS = (
     "SELECT e.seq, e.kind, e.data, e.at FROM agentsaga_events e"
@@ -132,8 +133,10 @@ class Journal:
                     d.execute(conn, sql, (*params, pk))
                 if snapshot is not None:
                     s = snapshot
+                    size = s.size_bytes if s.size_bytes is not None else len(s.state.encode())
                     values = (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger,
-                              s.created_at)
+                              s.created_at, s.workflow, s.version, s.fingerprint,
+                              s.agentsaga_version, s.python_version, s.config_hash, size)
                     self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, values)
                     if keep is not None:
                         d.execute(conn, PRUNE_SNAPSHOTS, (pk, pk, keep))

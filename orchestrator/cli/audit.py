@@ -1,4 +1,4 @@
-"""The CLI's audit verbs: ``show``, ``history``, ``verify``, ``fork``, ``report`` and ``gc``.
+"""The CLI's audit verbs: ``show``, ``history``, ``verify``, ``snapshots``, ``fork``, ``report`` and ``gc``.
 
 Every string that comes from a journal goes through ``safe`` (or ``json_line`` for ``--json``)
 before it reaches the terminal: an LLM's output can hold escape sequences that would rewrite it.
@@ -172,12 +172,42 @@ def cmd_history(args: argparse.Namespace) -> int:
 # -- verify ----------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     with open_reader(args) as orc:
-        report = orc.verify(args.run_id)
+        report = orc.verify(args.run_id, mark=not args.no_mark)
     if args.json:
         print(json_line(report.to_json()))
     else:
         print("\n".join(safe(line) for line in report.lines()))
+        if report.verdicts:
+            done = "not recorded (--no-mark)" if args.no_mark else "recorded in the catalog"
+            print(f"catalog ({done}): " + ", ".join(f"seq {seq} {validity}" for seq, validity, _ in report.verdicts))
     return 0 if report.ok else VERIFY_FAILED
+
+
+# -- snapshots -------------------------------------------------------------------------------------
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    with open_reader(args) as orc:
+        if args.quarantine is not None:
+            if not args.reason:
+                raise UsageError("--quarantine SEQ needs --reason TEXT")
+            orc.quarantine(args.run_id, args.quarantine, reason=args.reason)
+        catalog = orc.snapshots(args.run_id)
+    if args.json:
+        for info in catalog:
+            print(json_line({f: getattr(info, f) for f in info.__slots__}))
+        return 0
+    rows = [[info.seq, info.trigger, when(info.created_at), "-" if info.size_bytes is None else f"{info.size_bytes:,}",
+             info.validity, safe(f"{info.workflow}@{info.version}"), info.fingerprint[:12] or "-",
+             info.config_hash[:8] or "-", info.python_version or "-", info.agentsaga_version or "-"]
+            for info in catalog]
+    if not rows:
+        print(f"run {safe(args.run_id)} has no snapshots")
+        return 0
+    print(table(["SEQ", "TRIGGER", "CREATED (UTC)", "BYTES", "VALIDITY", "WORKFLOW", "FINGERPRINT", "CONFIG",
+                 "PYTHON", "AGENTSAGA"], rows, max_width=140))
+    for info in catalog:
+        if info.validity_reason:
+            print(f"seq {info.seq} {info.validity} at {when(info.checked_at)}: {safe(info.validity_reason)}")
+    return 0
 
 
 # -- fork ------------------------------------------------------------------------------------------
@@ -260,6 +290,12 @@ def add_audit_verbs(verb: Verb) -> None:
 
     p = verb("verify", cmd_verify, "re-fold the journal and check every snapshot against it (exit 3 if not)")
     p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--no-mark", action="store_true", help="do not record the verdicts in the snapshot catalog")
+
+    p = verb("snapshots", cmd_snapshots, "a run's checkpoint catalog: trigger, seq, time, code, size, validity")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--quarantine", type=int, metavar="SEQ", help="set the snapshot at SEQ aside (recovery skips it)")
+    p.add_argument("--reason", metavar="TEXT", help="why (with --quarantine)")
 
     p = verb("fork", cmd_fork, "start a new run from the state a run had before one of its steps")
     p.add_argument("run_id", metavar="RUN")

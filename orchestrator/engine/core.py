@@ -208,6 +208,11 @@ class Engine:
         batch.append((EventKind.RESUMED, {"owner": self.config.owner, "lease": token,
                                   "snapshot_seq": snap_seq, "replayed": folded.seq - snap_seq}))
         self.journal.commit(run, batch)
+        for seq, why in rejected:
+            # The catalog remembers the verdict, so the next recovery skips it unread (an earlier
+            # verdict, a person's quarantine included, stands).
+            self.store.mark_snapshot(run_id, seq, "failed", reason=why, checked_at=self.config.clock(),
+                                     keep_bad=True)
         return await self.drive(run)
 
     async def recover(self, *, limit: int | None = None) -> list[RunResult]:
@@ -337,10 +342,12 @@ class Engine:
         """Write a snapshot of the run now (on demand) and return its seq (see ``Orchestrator.snapshot``)."""
         rec = self.store.get_run(run_id)
         # A snapshot is trusted by recoveries: fold it with the workflow's own reducers, never without.
-        folded = self.restore(run_id, self.workflows.for_run(rec))[0]
+        wf = self.workflows.for_run(rec)
+        assert wf is not None
+        folded = self.restore(run_id, wf)[0]
         cfg = self.config
-        snap = make_snapshot(folded, "on_demand", cfg.clock())
-        if any(s.seq == snap.seq for s in self.store.snapshots(run_id)):
+        snap = make_snapshot(folded, "on_demand", cfg.clock(), self.journal.snapshot_meta(wf))
+        if any(s.seq == snap.seq for s in self.store.snapshot_catalog(run_id)):
             return snap.seq
         try:
             self.store.append(run_id, [], token=rec.lease_token, now=cfg.clock(), snapshot=snap,

@@ -26,7 +26,7 @@ from typing import Any
 from orchestrator.engine.events import TERMINAL_STATUSES
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, apply
-from orchestrator.engine.snapshots import make_snapshot, restore_run
+from orchestrator.engine.snapshots import SnapshotMeta, make_snapshot, restore_run
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
 from store import NewEvent, Store
@@ -77,6 +77,16 @@ class JournalWriter:
         self.snapshot_every = snapshot_every
         self.keep_snapshots = keep_snapshots
         self.observers = tuple(observers)
+        self._meta: dict[tuple[str, str, str], SnapshotMeta] = {}
+
+    def snapshot_meta(self, workflow: Workflow) -> SnapshotMeta:
+        """The catalog metadata of ``workflow``'s snapshots written by this writer."""
+        key = (workflow.name, workflow.version, workflow.fingerprint)
+        meta = self._meta.get(key)
+        if meta is None:
+            config = {"snapshot_every": self.snapshot_every, "keep_snapshots": self.keep_snapshots}
+            meta = self._meta[key] = SnapshotMeta.of(workflow, config)
+        return meta
 
     def commit(self, run: ActiveRun, batch: Batch, *, trigger: str | None = None,
                consume_signals: list[int] | None = None) -> None:
@@ -128,7 +138,7 @@ class JournalWriter:
                 error = f"{folded.error.get('type')}: {folded.error.get('message')}"
         snapshot = None
         if trigger is not None or folded.seq - run.last_snapshot_seq >= self.snapshot_every:
-            snapshot = make_snapshot(folded, trigger or "periodic", now)
+            snapshot = make_snapshot(folded, trigger or "periodic", now, self.snapshot_meta(run.workflow))
         self.store.append(
             run.run_id,
             events,

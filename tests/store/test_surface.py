@@ -12,7 +12,7 @@ from store import Store, open_store
 
 STORE_METHODS = {
     "create_run", "get_run", "list_runs", "count_by_status", "append", "events", "last_seq",
-    "snapshots", "snapshot", "prune_snapshots", "delete_runs", "info", "close", "url", "dialect",
+    "snapshots", "snapshot", "snapshot_catalog", "mark_snapshot", "prune_snapshots", "delete_runs", "info", "close", "url", "dialect",
 }
 PARTS = {
     "leases": {"acquire", "renew", "release"},
