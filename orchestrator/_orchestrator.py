@@ -53,6 +53,7 @@ class Orchestrator:
     - ``workflows``: the workflows this process can drive (also ``register``)
     - ``snapshot_every`` (100): write a snapshot every N events (and at the end of a run)
     - ``keep_snapshots`` (3): snapshots kept per run; older ones are pruned in the same transaction
+      (both for workflows that declare no ``Workflow(snapshots=Snapshots(...))`` policy)
     - ``lease_ttl`` (30 s): how long a lease lasts without a heartbeat
     - ``heartbeat`` (``lease_ttl / 3``): how often held leases are renewed
     - ``allow_graph_change`` (False): let ``resume`` continue a run whose graph or version changed

@@ -13,7 +13,7 @@ import pytest
 EXPORTS: dict[str, set[str]] = {
     "workflows": {
         "END", "MISSING", "NO_RETRY", "DefinitionError", "Retry", "RoutingError", "Step", "Workflow",
-        "WorkflowError", "reducers",
+        "WorkflowError", "reducers", "Snapshots", "Adaptive",
     },
     "orchestrator": {
         "Orchestrator", "RunResult", "StepContext",

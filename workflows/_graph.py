@@ -18,6 +18,7 @@ from typing import Any
 
 from workflows._policies import END, END_NAME, NO_RETRY, Retry, _End
 from workflows._reducers import MISSING, Reducer, check_reducer, reducers_of_model, replace
+from workflows._snapshots import Snapshots, snapshots_from
 from workflows._step import Step, is_async_callable
 from workflows.errors import DefinitionError, RoutingError
 
@@ -49,6 +50,7 @@ class Workflow:
         reducers: Mapping[str, Reducer] | None = None,
         max_visits: int = 1000,
         description: str | None = None,
+        snapshots: Snapshots | Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"workflow name must be a non-empty string, got {name!r}")
@@ -60,6 +62,11 @@ class Workflow:
             )
         if not isinstance(max_visits, int) or max_visits < 1:
             raise DefinitionError(f"max_visits must be an integer >= 1, got {max_visits!r}", workflow=name)
+        try:
+            #: when runs are snapshotted (None: the Orchestrator's default; see docs/checkpoints.md)
+            self.snapshots: Snapshots | None = snapshots_from(snapshots)
+        except DefinitionError as exc:
+            raise DefinitionError(str(exc), workflow=name) from None
         self.name = name
         self.version = version
         self.state_model = state
@@ -286,6 +293,8 @@ class Workflow:
             failure = self.steps[cur].on_failure
             if failure:
                 todo.append(failure)
+        if self.snapshots is not None:
+            self.snapshots.check_gates(self.steps, wf)
         unreachable = [s for s in self.steps if s not in reached]
         if unreachable:
             raise DefinitionError(

@@ -115,11 +115,15 @@ class Engine:
         text = self.journal.redact(codec.dumps(data, what=what))  # the input is a door too (invariant 9)
         cfg = self.config
         now = cfg.clock()
+        events = [NewEvent(seq=1, kind=EventKind.RUN_STARTED, data=text, at=now)]
+        choice = self.choose_interval(wf, now)
+        if choice is not None:
+            events.append(NewEvent(seq=2, kind=EventKind.SNAPSHOT_POLICY, data=codec.dumps(choice), at=now))
         try:
             token = self.store.create_run(
                 run_id=rid, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
                 target="", created_at=now, status="running" if lease else "pending",
-                events=[NewEvent(seq=1, kind=EventKind.RUN_STARTED, data=text, at=now)],
+                events=events,
                 lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
                 parent_run_id=parent["run_id"] if parent else None,
                 **placement,  # queue, priority, dedup_key (enqueue)
@@ -133,8 +137,24 @@ class Engine:
                     f"run {run_id!r} already exists for workflow {existing.workflow!r}, not {wf.name!r}"
                 ) from None
             return None
-        folded = fold([(1, EventKind.RUN_STARTED, codec.loads(text))], wf.reduce)
-        return ActiveRun(rid, wf, token, folded, 0)
+        folded = fold(((e.seq, e.kind, codec.loads(e.data)) for e in events), wf.reduce)
+        return ActiveRun(rid, wf, token, folded, 0, snapshot_at=now, every=choice["every"] if choice else None)
+
+    def choose_interval(self, wf: Workflow, now: float) -> dict[str, Any] | None:
+        """An adaptive snapshot policy's choice for a run of ``wf`` starting or resuming now, with its
+        inputs (the ``SnapshotPolicy`` event's data); None when the policy is not adaptive."""
+        adaptive = self.journal.policy(wf).adaptive
+        if adaptive is None:
+            return None
+        recent = self.store.list_runs(workflow=wf.name, limit=adaptive.window)
+        # Troubled: taken over after its owner died, or lying crashed (active, its lease expired).
+        troubled = sum(1 for r in recent if r.recoveries > 0 or (
+            r.status in ACTIVE_STATUSES and r.lease_owner is not None and (r.lease_expires_at or 0) < now))
+        every = adaptive.choose(len(recent), troubled)
+        rate = troubled / len(recent) if recent else 0.0
+        return {"every": every, "policy": "adaptive", "bounds": [adaptive.min_every, adaptive.max_every],
+                "inputs": {"window": adaptive.window, "runs": len(recent), "troubled": troubled,
+                           "rate": round(rate, 4), "full_at": adaptive.full_at}}
 
     # -- reading and restoring -------------------------------------------------------------------
     def restore(self, run_id: str, wf: Workflow | None) -> tuple[RunState, int, list[tuple[int, str]]]:
@@ -194,7 +214,10 @@ class Engine:
             assert wf is not None
             self.check_graph(rec, wf, allow_graph_change)
         folded, snap_seq, rejected = self.restore(run_id, wf)
-        run = ActiveRun(run_id, wf, token, folded, snap_seq)
+        now = self.config.clock()
+        choice = self.choose_interval(wf, now)
+        run = ActiveRun(run_id, wf, token, folded, snap_seq, snapshot_at=now,
+                        every=choice["every"] if choice else None)
         missing = [s for s in {*folded.frontier, *folded.done, *folded.visits} if s not in wf.steps]
         if missing:
             raise GraphChangedError(
@@ -207,6 +230,8 @@ class Engine:
         # The fencing token is called "lease": a field named "token" reads as a secret to the redactor.
         batch.append((EventKind.RESUMED, {"owner": self.config.owner, "lease": token,
                                   "snapshot_seq": snap_seq, "replayed": folded.seq - snap_seq}))
+        if choice is not None:
+            batch.append((EventKind.SNAPSHOT_POLICY, choice))
         self.journal.commit(run, batch)
         for seq, why in rejected:
             # The catalog remembers the verdict, so the next recovery skips it unread (an earlier
@@ -252,7 +277,7 @@ class Engine:
         cfg = self.config
         token = self.store.leases.acquire(rec.run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(), force=True)
         folded, snap_seq, _ = self.restore(rec.run_id, wf)
-        return ActiveRun(rec.run_id, wf, token, folded, snap_seq)
+        return ActiveRun(rec.run_id, wf, token, folded, snap_seq, snapshot_at=cfg.clock())
 
     def check_graph(self, rec: RunRecord, wf: Workflow, allow: bool | None) -> None:
         """Refuse to continue a run whose workflow's graph or version changed, unless allowed."""

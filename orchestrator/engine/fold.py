@@ -339,6 +339,7 @@ _APPLY: dict[str, Callable[[RunState, int, Mapping[str, Any], Reduce], None]] = 
     EventKind.RUN_STARTED: _run_started,
     EventKind.RESUMED: _resumed,
     EventKind.SNAPSHOT_REJECTED: _no_change,
+    EventKind.SNAPSHOT_POLICY: _no_change,
     EventKind.RUN_COMPLETED: _run_ended("completed"),
     EventKind.RUN_FAILED: _run_ended("failed"),
     EventKind.RUN_CANCELLED: _run_ended("cancelled"),

@@ -6,7 +6,9 @@ A commit encodes each event (invariant 8), redacts it (invariant 9), folds it in
 state with the same ``apply`` that a recovery uses, and appends it in one transaction fenced by
 the run's lease token (invariant 6). When the batch empties the frontier, ``RunCompleted`` joins
 the same transaction; a terminal event sets the run's status and releases the lease in it too; a
-snapshot is written in the same transaction every ``snapshot_every`` events and at the end.
+snapshot is written in the same transaction when the workflow's snapshot policy asks for one
+(``workflows.Snapshots``: every N events, every T seconds, after effects, at gates, adaptive) and
+at the end.
 
 Because events are applied from their journal text (encoded, redacted, decoded), the state in
 memory is exactly what a recovery would rebuild. When a write fails (the database went away, the
@@ -30,7 +32,7 @@ from orchestrator.engine.snapshots import SnapshotMeta, make_snapshot, restore_r
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
 from store import NewEvent, Store
-from workflows import Workflow
+from workflows import Snapshots, Workflow
 
 __all__ = ["ActiveRun", "JournalWriter", "Observer"]
 
@@ -43,15 +45,21 @@ Observer = Callable[["ActiveRun", list[NewEvent]], None]
 class ActiveRun:
     """A run this process is driving: its workflow, its lease token and what its journal folds to."""
 
-    __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "lock", "broken")
+    __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "snapshot_at", "every", "lock",
+                 "broken")
 
-    def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int) -> None:
+    def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int, *,
+                 snapshot_at: float | None = None, every: int | None = None) -> None:
         self.run_id = run_id
         self.workflow = workflow
         self.token = token
         #: the fold of every event journaled so far (the scheduler's position and the user state)
         self.folded = folded
         self.last_snapshot_seq = last_snapshot_seq
+        #: when this process last snapshotted the run, or took it (the clock of ``Snapshots(seconds=)``)
+        self.snapshot_at = snapshot_at
+        #: the interval an adaptive policy chose for this run (None: the policy's ``every``)
+        self.every = every
         # Parallel sync steps run on threads and may journal durable calls from there: one writer
         # at a time per run keeps seq numbers and the folded state consistent. Per run, not per
         # process, so a worker driving several runs on threads commits them concurrently.
@@ -78,14 +86,19 @@ class JournalWriter:
         self.keep_snapshots = keep_snapshots
         self.observers = tuple(observers)
         self._meta: dict[tuple[str, str, str], SnapshotMeta] = {}
+        #: the policy of workflows that declare none
+        self.default_policy = Snapshots(every=snapshot_every, keep=keep_snapshots)
+
+    def policy(self, workflow: Workflow) -> Snapshots:
+        """When ``workflow``'s runs are snapshotted: its own policy, else the default."""
+        return workflow.snapshots or self.default_policy
 
     def snapshot_meta(self, workflow: Workflow) -> SnapshotMeta:
         """The catalog metadata of ``workflow``'s snapshots written by this writer."""
         key = (workflow.name, workflow.version, workflow.fingerprint)
         meta = self._meta.get(key)
         if meta is None:
-            config = {"snapshot_every": self.snapshot_every, "keep_snapshots": self.keep_snapshots}
-            meta = self._meta[key] = SnapshotMeta.of(workflow, config)
+            meta = self._meta[key] = SnapshotMeta.of(workflow, self.policy(workflow).to_json())
         return meta
 
     def commit(self, run: ActiveRun, batch: Batch, *, trigger: str | None = None,
@@ -119,11 +132,21 @@ class JournalWriter:
         folded = run.folded
         reduce = run.workflow.reduce
         before = folded.status
+        policy = self.policy(run.workflow)
         events: list[NewEvent] = []
+        gate: str | None = None
+        effect = False
         for kind, text in texts:
             seq = folded.seq + 1
-            apply(folded, seq, kind, codec.loads(text), reduce)
+            data = codec.loads(text)
+            apply(folded, seq, kind, data, reduce)
             events.append(NewEvent(seq=seq, kind=kind, data=text, at=now))
+            if kind == EventKind.STEP_COMPLETED:
+                effect = effect or bool(data.get("effect"))
+                if data["step"] in policy.gates:
+                    gate = data["step"]
+            elif kind == EventKind.CALL_COMPLETED and data.get("effect"):
+                effect = True
         if folded.status == "running" and not folded.frontier:
             seq = folded.seq + 1
             apply(folded, seq, EventKind.RUN_COMPLETED, {}, reduce)
@@ -136,9 +159,11 @@ class JournalWriter:
             trigger = trigger or "final"
             if folded.error:
                 error = f"{folded.error.get('type')}: {folded.error.get('message')}"
+        if trigger is None:
+            trigger = _due(policy, run, folded.seq, now, gate, effect)
         snapshot = None
-        if trigger is not None or folded.seq - run.last_snapshot_seq >= self.snapshot_every:
-            snapshot = make_snapshot(folded, trigger or "periodic", now, self.snapshot_meta(run.workflow))
+        if trigger is not None:
+            snapshot = make_snapshot(folded, trigger, now, self.snapshot_meta(run.workflow))
         self.store.append(
             run.run_id,
             events,
@@ -148,10 +173,25 @@ class JournalWriter:
             error=error,
             finished=finished,
             snapshot=snapshot,
-            keep_snapshots=self.keep_snapshots if snapshot is not None else None,
+            keep_snapshots=policy.keep if snapshot is not None else None,
             release_lease=finished,
             consume_signals=consume_signals or (),
         )
         if snapshot is not None:
             run.last_snapshot_seq = snapshot.seq
+            run.snapshot_at = now
         return events
+
+
+def _due(policy: Snapshots, run: ActiveRun, seq: int, now: float, gate: str | None, effect: bool) -> str | None:
+    """Which condition of ``policy`` asks for a snapshot after this commit (the trigger), if any."""
+    if gate is not None:
+        return f"gate:{gate}"
+    if effect and policy.after_effects:
+        return "effect"
+    every = run.every if run.every is not None else policy.every
+    if every is not None and seq - run.last_snapshot_seq >= every:
+        return "adaptive" if run.every is not None else "periodic"
+    if policy.seconds is not None and run.snapshot_at is not None and now - run.snapshot_at >= policy.seconds:
+        return "timed"
+    return None

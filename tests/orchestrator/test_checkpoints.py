@@ -12,10 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from audit_helpers import agentsaga, assert_one_line_error, tamper_snapshot  # noqa: E402
+from audit_helpers import agentsaga, assert_one_line_error, tamper_snapshot
 
-from orchestrator import Orchestrator, RunStateError  # noqa: E402
-from workflows import END, Workflow, reducers  # noqa: E402
+from orchestrator import Orchestrator, RunStateError
+from workflows import END, Workflow, reducers
 
 
 def counter_workflow(limit: int, *, stop_at: int | None = None) -> Workflow:
@@ -50,7 +50,7 @@ def test_every_snapshot_is_catalogued_with_what_wrote_it(orc_factory, fake_time)
     orc.run(wf, {"n": 0}, run_id="cat")
     catalog = orc.snapshots("cat")
     # Then each snapshot says its trigger, seq, time, code, versions, configuration, size and validity
-    assert [s.trigger for s in catalog][0] == "final" and "periodic" in {s.trigger for s in catalog}
+    assert catalog[0].trigger == "final" and "periodic" in {s.trigger for s in catalog}
     assert [s.seq for s in catalog] == sorted((s.seq for s in catalog), reverse=True)
     for info in catalog:
         stored = orc.store.snapshot("cat", info.seq)
