@@ -11,6 +11,7 @@
      ├── LoopLimitError          a step would run more often than its max_visits bound
      │    └── ToolLoopLimitError the model kept calling tools for max_iterations calls without answering
      ├── RunStateError           the run's status does not allow the operation (e.g. cancel a finished run)
+     ├── SavepointError          a savepoint file cannot be written, read or trusted (names the first bad link)
      ├── RunFailedError          raised by ``RunResult.raise_for_status()`` for a run that did not complete
      ├── InDoubtError            an effect may or may not have happened and can be neither checked nor re-sent
      ├── WaitTimeoutError        ctx.wait_for's timeout passed before the signal arrived (also a TimeoutError)
@@ -39,6 +40,7 @@ __all__ = [
     "ToolLoopLimitError",
     "PromptError",
     "RunStateError",
+    "SavepointError",
     "RunFailedError",
     "InDoubtError",
     "WaitTimeoutError",
@@ -101,6 +103,12 @@ class PromptError(OrchestratorError):
 
 class RunStateError(OrchestratorError):
     """The run's status does not allow the operation."""
+
+
+class SavepointError(OrchestratorError):
+    """A savepoint cannot be written, read or trusted: truncated, tampered with (the first bad link
+    of its hash chain is named), of a newer format, unsigned or wrongly signed under a key, or for
+    a workflow or run the target cannot take. Nothing was written to the target database."""
 
 
 class RunFailedError(OrchestratorError):

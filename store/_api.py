@@ -69,8 +69,8 @@ _SELECT_RUN = f"SELECT {_RUN_COLUMNS} FROM agentsaga_runs"
 _INSERT_RUN = (
     "INSERT INTO agentsaga_runs (run_id, workflow, version, fingerprint, target, status,"
     " created_at, updated_at, parent_run_id, lease_owner, lease_token, lease_expires_at, queue,"
-    " priority, dedup_key, recoveries)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
+    " priority, dedup_key, finished_at, error, recoveries)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
 )
 
 
@@ -156,18 +156,26 @@ class Store:
         queue: str | None = None,
         priority: int = 0,
         dedup_key: str | None = None,
+        snapshot: NewSnapshot | None = None,
+        finished_at: float | None = None,
+        error: str | None = None,
     ) -> int:
-        """Insert the run and its first events in one transaction; return the lease token
-        (1 when created leased by `lease_owner`, else 0)."""
+        """Insert the run and its first events (and a snapshot of them) in one transaction;
+        return the lease token (1 when created leased by `lease_owner`, else 0).
+
+        `finished_at` and `error` bring in a run that has already ended elsewhere (a restore)."""
         if lease_owner is not None and lease_ttl is None:
             raise ValueError("create_run: lease_owner needs lease_ttl")
         events = list(events)
         check_batch(run_id, events)
+        if snapshot is not None and snapshot.seq not in {e.seq for e in events}:
+            raise ValueError(f"create_run: the snapshot's seq {snapshot.seq} is not one of the events'")
         token = 1 if lease_owner is not None else 0
         expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
-        row = (run_id, workflow, version, fingerprint, target, status, created_at, created_at,
-               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key)
+        row = (run_id, workflow, version, fingerprint, target, status, created_at, finished_at or created_at,
+               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key, finished_at, error)
         d = self._d
+        journal = self._journal
 
         def work(conn: Any) -> int:
             try:
@@ -175,6 +183,8 @@ class Store:
                     pk = d.fetchall(conn, _INSERT_RUN, row)[0][0]
                     if events:
                         d.executemany(conn, INSERT_EVENT, [event_row(pk, e) for e in events])
+                    if snapshot is not None:
+                        journal.insert_snapshot(conn, pk, snapshot)
             except d.driver_errors as exc:
                 if d.classify(exc, conn) is not ErrorKind.UNIQUE:
                     raise

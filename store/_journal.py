@@ -72,6 +72,13 @@ def event_row(pk: int, e: NewEvent) -> tuple[Any, ...]:
     return (pk, e.seq, e.kind, e.at, e.data)
 
 
+def snapshot_row(pk: int, s: NewSnapshot) -> tuple[Any, ...]:
+    """The parameters of the snapshot INSERT for snapshot `s` of run `pk`."""
+    size = s.size_bytes if s.size_bytes is not None else len(s.state.encode())
+    return (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger, s.created_at, s.workflow,
+            s.version, s.fingerprint, s.agentsaga_version, s.python_version, s.config_hash, size)
+
+
 class Journal:
     """Appends and reads on a connection the caller holds; fenced through `fence`."""
 
@@ -132,12 +139,7 @@ class Journal:
                     sql = f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?"
                     d.execute(conn, sql, (*params, pk))
                 if snapshot is not None:
-                    s = snapshot
-                    size = s.size_bytes if s.size_bytes is not None else len(s.state.encode())
-                    values = (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger,
-                              s.created_at, s.workflow, s.version, s.fingerprint,
-                              s.agentsaga_version, s.python_version, s.config_hash, size)
-                    self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, values)
+                    self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
                     if keep is not None:
                         d.execute(conn, PRUNE_SNAPSHOTS, (pk, pk, keep))
         except _UniqueViolation as violation:
@@ -154,6 +156,10 @@ class Journal:
             raise ConflictError(
                 f"run {run_id!r} already has an event at seq {seq}", run_id=run_id, seq=seq
             ) from None
+
+    def insert_snapshot(self, conn: Any, pk: int, snapshot: NewSnapshot) -> None:
+        """Insert a snapshot of run `pk` inside the caller's transaction."""
+        self._d.execute(conn, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
 
     def already_journaled(self, conn: Any, run_id: str, events: Sequence[NewEvent]) -> bool:
         """True when every event is stored byte for byte at its seq (our lost COMMIT landed)."""

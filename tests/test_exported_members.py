@@ -18,7 +18,7 @@ EXPORTS: dict[str, set[str]] = {
     "orchestrator": {
         "Orchestrator", "RunResult", "StepContext",
         "OrchestratorError", "ConfigurationError", "WorkflowNotFoundError", "GraphChangedError", "EncodingError",
-        "StepTimeoutError", "LoopLimitError", "ToolLoopLimitError", "PromptError", "RunStateError", "RunFailedError",
+        "StepTimeoutError", "LoopLimitError", "ToolLoopLimitError", "PromptError", "RunStateError", "SavepointError", "RunFailedError",
         "InDoubtError", "WaitTimeoutError", "ReplayError", "ReplayMismatchError", "ReplayMissingError", "ToolError",
         "RetryableToolError", "PermanentToolError", "CircuitOpenError",
         "StoreError", "StoreUnavailableError", "RunNotFoundError", "FencedError", "LeaseHeldError",

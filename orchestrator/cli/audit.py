@@ -1,4 +1,5 @@
-"""The CLI's audit verbs: ``show``, ``history``, ``verify``, ``snapshots``, ``fork``, ``report`` and ``gc``.
+"""The CLI's audit verbs: ``show``, ``history``, ``verify``, ``snapshots``, ``savepoint``, ``restore``,
+``fork``, ``report`` and ``gc``.
 
 Every string that comes from a journal goes through ``safe`` (or ``json_line`` for ``--json``)
 before it reaches the terminal: an LLM's output can hold escape sequences that would rewrite it.
@@ -210,6 +211,34 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- savepoint / restore ---------------------------------------------------------------------------
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    out = args.out or f"{args.run_id}.{args.name}.savepoint.json.gz"
+    with open_reader(args) as orc:
+        path = orc.savepoint(args.run_id, name=args.name, path=out)
+        signed = orc.engine.config.signing_key is not None
+    size = path.stat().st_size
+    if args.json:
+        print(json_line({"run_id": args.run_id, "name": args.name, "path": str(path), "bytes": size, "signed": signed}))
+    else:
+        print(f"wrote savepoint {safe(args.name)} of run {safe(args.run_id)} to {safe(path)} ({size:,} bytes"
+              f"{', signed' if signed else ''})")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    with open_orchestrator(args, app=True) as orc:
+        run_id = orc.restore(args.file)
+        rec = orc.get_run(run_id)
+    if args.json:
+        print(json_line({"run_id": run_id, "status": rec.status, "workflow": rec.workflow}))
+    else:
+        print(f"restored run {safe(run_id)} ({safe(rec.workflow)}, {rec.status}) into {safe(orc.store.url)}")
+        if rec.status == "pending":
+            print(f"continue it with: agentsaga resume {safe(run_id)}")
+    return 0
+
+
 # -- fork ------------------------------------------------------------------------------------------
 def cmd_fork(args: argparse.Namespace) -> int:
     with open_orchestrator(args, app=True) as orc:
@@ -296,6 +325,16 @@ def add_audit_verbs(verb: Verb) -> None:
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--quarantine", type=int, metavar="SEQ", help="set the snapshot at SEQ aside (recovery skips it)")
     p.add_argument("--reason", metavar="TEXT", help="why (with --quarantine)")
+
+    p = verb("savepoint", cmd_savepoint, "write a run as a named, portable savepoint file (signed with "
+                                         "$AGENTSAGA_SIGNING_KEY when set)")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--name", required=True, metavar="NAME", help="the savepoint's name")
+    p.add_argument("--out", metavar="FILE", help="where to write it (default: RUN.NAME.savepoint.json.gz)")
+
+    p = verb("restore", cmd_restore, "bring a savepoint file's run into the database (all or nothing)")
+    p.add_argument("file", metavar="FILE")
+    add_app_flag(p)
 
     p = verb("fork", cmd_fork, "start a new run from the state a run had before one of its steps")
     p.add_argument("run_id", metavar="RUN")

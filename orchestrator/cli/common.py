@@ -135,7 +135,13 @@ def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *
         registered += [wf for wf in app_workflows(args) if not any(wf is w for w in registered)]
     progress = getattr(args, "progress", False) or (hasattr(args, "progress") and sys.stderr.isatty())
     return Orchestrator(args.db, workflows=registered, redact=config.redact_patterns,
-                        redact_fields=config.redact_fields, observers=[Progress(sys.stderr)] if progress else ())
+                        redact_fields=config.redact_fields, observers=[Progress(sys.stderr)] if progress else (),
+                        signing_key=signing_key())
+
+
+def signing_key() -> str | None:
+    """The savepoint signing key from ``AGENTSAGA_SIGNING_KEY`` (never a flag: it would show in ``ps``)."""
+    return os.environ.get("AGENTSAGA_SIGNING_KEY") or None
 
 
 def open_reader(args: argparse.Namespace) -> Orchestrator:
@@ -146,7 +152,7 @@ def open_reader(args: argparse.Namespace) -> Orchestrator:
         if path and not os.path.exists(path):
             raise CommandError(f"no database at {path!r} (working directory {os.getcwd()!r}); "
                                "pass --db URL or set AGENTSAGA_DB")
-    return Orchestrator(args.db)
+    return Orchestrator(args.db, signing_key=signing_key())
 
 
 def add_app_flag(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from compensations import Compensations
@@ -37,9 +38,10 @@ from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.result import RunResult
 from orchestrator.engine.saga import SagaRunner, has_pending_effects
 from orchestrator.engine.services import ToolsForSteps
-from orchestrator.engine.snapshots import make_snapshot, restore_run
+from orchestrator.engine import savepoints
+from orchestrator.engine.snapshots import AGENTSAGA_VERSION, make_snapshot, restore_run, snapshot_problem
 from orchestrator.engine.steps import StepRunner
-from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError
+from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError, SavepointError
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor, Redactor
 from store import ConflictError, DuplicateRunError, LeaseHeldError, NewEvent, RunRecord, Store, StoreError
@@ -66,6 +68,8 @@ class EngineConfig:
     #: how often held leases are renewed (None: lease_ttl / 3)
     heartbeat: float | None = None
     allow_graph_change: bool = False
+    #: the HMAC key savepoints are signed with, and that a savepoint must be signed with to be restored
+    signing_key: bytes | None = None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rng: random.Random = field(default_factory=random.Random)
@@ -380,6 +384,56 @@ class Engine:
         except ConflictError:
             pass  # the driving process wrote one at this seq first
         return snap.seq
+
+
+    # -- savepoints ------------------------------------------------------------------------------
+    def savepoint(self, run_id: str, *, name: str, path: str | os.PathLike[str]) -> Path:
+        """Write the run as a savepoint file (see ``engine/savepoints.py``): its row, its newest
+        snapshot that verifies, its whole journal, a hash chain, signed when a key is configured."""
+        # The catalog and snapshot first, then the journal: a snapshot is written with the event at
+        # its seq, so the journal read afterwards always holds it, even while the run is driven.
+        snapshot = None
+        for info in self.store.snapshot_catalog(run_id):
+            if info.validity in ("failed", "quarantined"):
+                continue
+            found = self.store.snapshot(run_id, info.seq)
+            if found is not None and snapshot_problem(found) is None:
+                snapshot = found
+                break
+        events = self.store.events(run_id)
+        rec = self.store.get_run(run_id)
+        doc = savepoints.build_savepoint(name, rec, snapshot, events, now=self.config.clock(),
+                                         agentsaga_version=AGENTSAGA_VERSION, key=self.config.signing_key)
+        return savepoints.write_savepoint(Path(path), doc)
+
+    def restore_savepoint(self, path: str | os.PathLike[str]) -> str:
+        """Bring a savepoint's run into this database (all or nothing); return its run id."""
+        point = savepoints.read_savepoint(Path(path), key=self.config.signing_key)
+        run = point.run
+        wf = self.workflows.get(run["workflow"])
+        if wf is None:
+            known = ", ".join(sorted(self.workflows.names())) or "none"
+            raise SavepointError(f"savepoint {str(path)!r} holds a run of workflow {run['workflow']!r}, which is not "
+                                 f"registered here (registered: {known}); register it (--app) to restore the run")
+        now = self.config.clock()
+        restored = {"savepoint": point.name, "head": point.head, "signed": point.signed,
+                    "created_at": point.created_at, "snapshot_seq": point.snapshot.seq if point.snapshot else 0,
+                    "owner": self.config.owner}
+        events = [*point.events, NewEvent(seq=len(point.events) + 1, kind=EventKind.RESTORED,
+                                          data=codec.dumps(restored), at=now)]
+        # An unfinished run arrives unleased and pending: `resume RUN`, `recover` or a worker
+        # continues it from the journal (its waits and timers are journaled, not kept on the row).
+        status = "pending" if run["status"] in ACTIVE_STATUSES else run["status"]
+        try:
+            self.store.create_run(
+                run_id=run["run_id"], workflow=run["workflow"], version=run["version"],
+                fingerprint=run["fingerprint"], target="", created_at=run["created_at"], events=events,
+                status=status, parent_run_id=run["parent_run_id"], snapshot=point.snapshot,
+                finished_at=run["finished_at"], error=run["error"])
+        except DuplicateRunError:
+            raise SavepointError(f"savepoint {str(path)!r}: run {run['run_id']!r} already exists in this database; "
+                                 "nothing was written") from None
+        return run["run_id"]
 
 
 def owner_is_dead(owner: str | None) -> bool:

@@ -21,6 +21,7 @@ class EventKind:
     RESUMED: Final = "Resumed"                   # a process took the run over (owner, lease, snapshot used)
     SNAPSHOT_REJECTED: Final = "SnapshotRejected"  # a snapshot failed verification and was skipped
     SNAPSHOT_POLICY: Final = "SnapshotPolicy"    # an adaptive policy chose the run's snapshot interval (and why)
+    RESTORED: Final = "Restored"                 # the run was brought into this database from a savepoint
     RUN_COMPLETED: Final = "RunCompleted"
     RUN_FAILED: Final = "RunFailed"
     RUN_CANCELLED: Final = "RunCancelled"

@@ -340,6 +340,7 @@ _APPLY: dict[str, Callable[[RunState, int, Mapping[str, Any], Reduce], None]] = 
     EventKind.RESUMED: _resumed,
     EventKind.SNAPSHOT_REJECTED: _no_change,
     EventKind.SNAPSHOT_POLICY: _no_change,
+    EventKind.RESTORED: _no_change,
     EventKind.RUN_COMPLETED: _run_ended("completed"),
     EventKind.RUN_FAILED: _run_ended("failed"),
     EventKind.RUN_CANCELLED: _run_ended("cancelled"),

@@ -19,7 +19,7 @@ from orchestrator.engine.fold import Reduce, RunState, fold
 from orchestrator.payload import codec
 from store import NewSnapshot, SnapshotRecord, Store
 
-__all__ = ["SNAPSHOT_SCHEMA", "SnapshotMeta", "make_snapshot", "snapshot_problem", "restore_run"]
+__all__ = ["AGENTSAGA_VERSION", "SNAPSHOT_SCHEMA", "SnapshotMeta", "make_snapshot", "snapshot_problem", "restore_run"]
 
 _log = logging.getLogger("agentsaga.engine")
 
@@ -34,7 +34,8 @@ def _agentsaga_version() -> str:
         return "unknown"
 
 
-_AGENTSAGA_VERSION = _agentsaga_version()
+#: The installed agentsaga's version, recorded with every snapshot and savepoint.
+AGENTSAGA_VERSION = _agentsaga_version()
 _PYTHON_VERSION = platform.python_version()
 
 
@@ -71,7 +72,7 @@ def make_snapshot(folded: RunState, trigger: str, now: float, meta: SnapshotMeta
         workflow=meta.workflow,
         version=meta.version,
         fingerprint=meta.fingerprint,
-        agentsaga_version=_AGENTSAGA_VERSION,
+        agentsaga_version=AGENTSAGA_VERSION,
         python_version=_PYTHON_VERSION,
         config_hash=meta.config_hash,
         size_bytes=len(data),
