@@ -14,11 +14,13 @@ from orchestrator.engine.context import StepContext
 from orchestrator.engine.result import RunResult
 from orchestrator.errors import (
     CircuitOpenError,
+    CodeChangedError,
     ConfigurationError,
     EncodingError,
     GraphChangedError,
     InDoubtError,
     LoopLimitError,
+    MigrationError,
     OrchestratorError,
     PermanentToolError,
     PromptError,
@@ -46,6 +48,8 @@ __all__ = [
     "ConfigurationError",
     "WorkflowNotFoundError",
     "GraphChangedError",
+    "CodeChangedError",
+    "MigrationError",
     "EncodingError",
     "StepTimeoutError",
     "LoopLimitError",

@@ -6,6 +6,8 @@
      ├── ConfigurationError      an Orchestrator option is invalid
      ├── WorkflowNotFoundError   the run's workflow is not registered here, or a named app cannot be imported
      ├── GraphChangedError       the workflow's graph or version differs from the one the run started with
+     ├── CodeChangedError        a step's code differs from the code that ran, and the workflow refuses that
+     ├── MigrationError          a declared state migration raised or returned a state that cannot be used
      ├── EncodingError           a value cannot be journaled as JSON (names where it is and its type)
      ├── StepTimeoutError        a step ran longer than its timeout
      ├── LoopLimitError          a step would run more often than its max_visits bound
@@ -34,6 +36,8 @@ __all__ = [
     "ConfigurationError",
     "WorkflowNotFoundError",
     "GraphChangedError",
+    "CodeChangedError",
+    "MigrationError",
     "EncodingError",
     "StepTimeoutError",
     "LoopLimitError",
@@ -74,6 +78,20 @@ class GraphChangedError(OrchestratorError):
     def __init__(self, message: str, *, differences: list[str] | None = None):
         self.differences = differences or []
         super().__init__(message)
+
+
+class CodeChangedError(OrchestratorError):
+    """A run's steps ran under code that the registered workflow has changed, and the workflow
+    declares ``on_code_change="refuse"``; ``changed`` maps each step to its recorded and current hash."""
+
+    def __init__(self, message: str, *, changed: dict[str, dict[str, str]] | None = None):
+        super().__init__(message)
+        self.changed = changed or {}
+
+
+class MigrationError(OrchestratorError):
+    """A declared state migration raised, or returned a state that is not a dict, does not encode
+    or does not validate; the run was left as it was."""
 
 
 class EncodingError(OrchestratorError):

@@ -277,15 +277,17 @@ class Store:
         keep_snapshots: int | None = None,
         release_lease: bool = False,
         consume_signals: Sequence[int] = (),
+        workflow_version: tuple[str, str] | None = None,
     ) -> None:
-        """Journal `events`, and optionally set status, write a snapshot, consume signals and
-        release the lease: all in one transaction, or nothing. Fenced by `token`."""
+        """Journal `events`, and optionally set status, write a snapshot, consume signals, set the
+        run's `(version, fingerprint)` (a migrated run) and release the lease: all in one
+        transaction, or nothing. Fenced by `token`."""
         if status is None and (error is not None or finished):
             raise ValueError("append: error and finished need a status")
         if keep_snapshots is not None and keep_snapshots < 0:
             raise ValueError("append: keep_snapshots must be >= 0")
         simple = (len(events) == 1 and status is None and snapshot is None
-                  and not release_lease and not consume_signals)
+                  and not release_lease and not consume_signals and workflow_version is None)
         if not simple:
             events = list(events)
             check_batch(run_id, events)
@@ -306,7 +308,8 @@ class Store:
                     journal.append_one(conn, run_id, events[0], token)
                 else:
                     journal.append_tx(conn, run_id, events, token, now, status, error, finished,
-                                      snapshot, keep_snapshots, release_lease, consume_signals)
+                                      snapshot, keep_snapshots, release_lease, consume_signals,
+                                      workflow_version)
             except (ConflictError, FencedError):
                 # Fenced too: had our commit landed before a takeover, it is still journaled.
                 if session_lost and events and journal.already_journaled(conn, run_id, events):

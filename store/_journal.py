@@ -108,9 +108,10 @@ class Journal:
         self, conn: Any, run_id: str, events: Sequence[NewEvent], token: int, now: float,
         status: str | None, error: str | None, finished: bool, snapshot: NewSnapshot | None,
         keep: int | None, release: bool, consume: Sequence[int],
+        workflow_version: tuple[str, str] | None = None,
     ) -> None:
         d = self._d
-        changes_run = status is not None or release
+        changes_run = status is not None or release or workflow_version is not None
         fence_sql = "SELECT pk, lease_token FROM agentsaga_runs WHERE run_id = ?"
         fence_sql += d.lock_update if changes_run else d.lock_share
         try:
@@ -136,6 +137,9 @@ class Journal:
                             params.append(now)
                     if release:
                         sets += ["lease_owner = NULL", "lease_expires_at = NULL"]
+                    if workflow_version is not None:
+                        sets += ["version = ?", "fingerprint = ?"]
+                        params += list(workflow_version)
                     sql = f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?"
                     d.execute(conn, sql, (*params, pk))
                 if snapshot is not None:

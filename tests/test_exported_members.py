@@ -18,6 +18,7 @@ EXPORTS: dict[str, set[str]] = {
     "orchestrator": {
         "Orchestrator", "RunResult", "StepContext",
         "OrchestratorError", "ConfigurationError", "WorkflowNotFoundError", "GraphChangedError", "EncodingError",
+        "CodeChangedError", "MigrationError",
         "StepTimeoutError", "LoopLimitError", "ToolLoopLimitError", "PromptError", "RunStateError", "SavepointError", "RunFailedError",
         "InDoubtError", "WaitTimeoutError", "ReplayError", "ReplayMismatchError", "ReplayMissingError", "ToolError",
         "RetryableToolError", "PermanentToolError", "CircuitOpenError",

@@ -51,6 +51,7 @@ class Workflow:
         max_visits: int = 1000,
         description: str | None = None,
         snapshots: Snapshots | Mapping[str, Any] | None = None,
+        on_code_change: str = "journal",
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"workflow name must be a non-empty string, got {name!r}")
@@ -62,6 +63,13 @@ class Workflow:
             )
         if not isinstance(max_visits, int) or max_visits < 1:
             raise DefinitionError(f"max_visits must be an integer >= 1, got {max_visits!r}", workflow=name)
+        if on_code_change not in ("journal", "refuse"):
+            raise DefinitionError(f"on_code_change must be 'journal' or 'refuse', got {on_code_change!r}",
+                                  workflow=name)
+        #: what a resume does when a step's code changed since it ran: journal CodeChanged, or refuse
+        self.on_code_change = on_code_change
+        #: declared state migrations: from_version -> (to_version, fn(state) -> state)
+        self.migrations: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
         try:
             #: when runs are snapshotted (None: the Orchestrator's default; see docs/checkpoints.md)
             self.snapshots: Snapshots | None = snapshots_from(snapshots)
@@ -175,6 +183,29 @@ class Workflow:
 
         if fn is not None:
             return register(fn)
+        return register
+
+    def migrate(self, *, from_version: str, to_version: str | None = None) -> Callable[..., Any]:
+        """Declare how a run's state written under ``from_version`` becomes a state of ``to_version``
+        (default: this workflow's version): ``@wf.migrate(from_version="1") def up(state): return {...}``.
+        A run started under an older version resumes through the chain of migrations to this one,
+        journaled; without a path the graph-change error stays (see docs/checkpoints.md)."""
+        target = self.version if to_version is None else to_version
+        for label, value in (("from_version", from_version), ("to_version", target)):
+            if not isinstance(value, str) or not value:
+                raise DefinitionError(f"migrate({label}=...) must be a non-empty version string, got {value!r}",
+                                      workflow=self.name)
+        if from_version == target:
+            raise DefinitionError(f"a migration from version {from_version!r} to itself", workflow=self.name)
+        if from_version in self.migrations:
+            raise DefinitionError(f"two migrations from version {from_version!r}", workflow=self.name)
+
+        def register(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+            if not callable(fn):
+                raise DefinitionError(f"migration from version {from_version!r} is not callable", workflow=self.name)
+            self.migrations[from_version] = (target, fn)
+            return fn
+
         return register
 
     def edge(self, source: str | Sequence[str], target: str | _End) -> Workflow:

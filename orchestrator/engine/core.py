@@ -26,6 +26,7 @@ from typing import Any
 
 from compensations import Compensations
 from orchestrator.engine import rollback
+from orchestrator.engine.code_changes import changed_steps, migrate_state, migration_path
 from orchestrator.engine.driver import Driver
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator.engine.events import EventKind
@@ -41,7 +42,14 @@ from orchestrator.engine.services import ToolsForSteps
 from orchestrator.engine import savepoints
 from orchestrator.engine.snapshots import AGENTSAGA_VERSION, make_snapshot, restore_run, snapshot_problem
 from orchestrator.engine.steps import StepRunner
-from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError, SavepointError
+from orchestrator.errors import (
+    CodeChangedError,
+    ConfigurationError,
+    GraphChangedError,
+    MigrationError,
+    RunStateError,
+    SavepointError,
+)
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor, Redactor
 from store import ConflictError, DuplicateRunError, LeaseHeldError, NewEvent, RunRecord, Store, StoreError
@@ -212,12 +220,33 @@ class Engine:
                             allow_graph_change: bool | None = None) -> RunResult:
         """Restore a run whose lease this process holds (``token``), journal ``Resumed``, drive it."""
         wf = workflow
+        rec = self.store.get_run(run_id)
         if wf is None:
-            rec = self.store.get_run(run_id)
             wf = self.workflows.for_run(rec)
             assert wf is not None
             self.check_graph(rec, wf, allow_graph_change)
         folded, snap_seq, rejected = self.restore(run_id, wf)
+        migrated: tuple[str, str] | None = None
+        upgrade: dict[str, Any] | None = None
+        changed: dict[str, dict[str, str]] = {}
+        try:
+            if rec.version != wf.version and migration_path(wf, rec.version) is not None:
+                state, names = migrate_state(run_id, wf, folded.state, rec.version)
+                upgrade = {"from": rec.version, "to": wf.version, "migrations": names, "state": state}
+                migrated = (wf.version, wf.fingerprint)
+            changed = changed_steps(folded.code, wf)
+            if changed and wf.on_code_change == "refuse" and upgrade is None:  # a migration declares the change
+                raise CodeChangedError(
+                    f"run {run_id!r}: the code of step(s) {', '.join(sorted(changed))} of workflow {wf.name!r} changed "
+                    "since they ran, and the workflow refuses to mix old and new results (on_code_change='refuse'); "
+                    "restore the old code, or declare on_code_change='journal' to continue",
+                    changed=changed)
+        except (MigrationError, CodeChangedError):
+            try:
+                self.store.leases.release(run_id, token=token, now=self.config.clock())
+            except StoreError:
+                pass  # fenced or gone meanwhile: the lease is not ours to give back
+            raise
         now = self.config.clock()
         choice = self.choose_interval(wf, now)
         run = ActiveRun(run_id, wf, token, folded, snap_seq, snapshot_at=now,
@@ -236,7 +265,12 @@ class Engine:
                                   "snapshot_seq": snap_seq, "replayed": folded.seq - snap_seq}))
         if choice is not None:
             batch.append((EventKind.SNAPSHOT_POLICY, choice))
-        self.journal.commit(run, batch)
+        if changed:
+            batch.append((EventKind.CODE_CHANGED, {"steps": changed, "policy": wf.on_code_change}))
+            _log.warning("run %s: step code changed since it ran: %s", run_id, ", ".join(sorted(changed)))
+        if upgrade is not None:
+            batch.append((EventKind.MIGRATED, upgrade))
+        self.journal.commit(run, batch, workflow_version=migrated)
         for seq, why in rejected:
             # The catalog remembers the verdict, so the next recovery skips it unread (an earlier
             # verdict, a person's quarantine included, stands).
@@ -284,9 +318,12 @@ class Engine:
         return ActiveRun(rec.run_id, wf, token, folded, snap_seq, snapshot_at=cfg.clock())
 
     def check_graph(self, rec: RunRecord, wf: Workflow, allow: bool | None) -> None:
-        """Refuse to continue a run whose workflow's graph or version changed, unless allowed."""
+        """Refuse to continue a run whose workflow's graph or version changed, unless allowed, or
+        unless the workflow declares a migration path from the run's version."""
         if rec.fingerprint == wf.fingerprint and rec.version == wf.version:
             return
+        if rec.version != wf.version and migration_path(wf, rec.version) is not None:
+            return  # the declared migration is the compatibility (drive_claimed applies it)
         first = self.store.events(rec.run_id, after_seq=0, until_seq=1)
         old_graph = codec.loads(first[0].data).get("graph", {}) if first else {}
         diffs = graph_differences(old_graph, wf.describe())

@@ -102,15 +102,16 @@ class JournalWriter:
         return meta
 
     def commit(self, run: ActiveRun, batch: Batch, *, trigger: str | None = None,
-               consume_signals: list[int] | None = None) -> None:
-        """Append ``batch`` (``[(kind, data), ...]``) in one transaction and fold it into ``run``."""
+               consume_signals: list[int] | None = None, workflow_version: tuple[str, str] | None = None) -> None:
+        """Append ``batch`` (``[(kind, data), ...]``) in one transaction and fold it into ``run``
+        (with ``workflow_version``, the run row's version and fingerprint are set in it too)."""
         # Encoded first: a value that cannot be journaled is the caller's error and changes nothing.
         texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
         with run.lock:
             if run.broken is not None:
                 raise run.broken
             try:
-                events = self._append(run, texts, trigger, consume_signals)
+                events = self._append(run, texts, trigger, consume_signals, workflow_version)
             except BaseException as exc:
                 run.broken = exc
                 self._rebuild(run)
@@ -127,7 +128,7 @@ class JournalWriter:
             _log.warning("run %s: could not re-read the journal after a failed write: %s", run.run_id, exc)
 
     def _append(self, run: ActiveRun, texts: list[tuple[str, str]], trigger: str | None,
-                consume_signals: list[int] | None) -> list[NewEvent]:
+                consume_signals: list[int] | None, workflow_version: tuple[str, str] | None = None) -> list[NewEvent]:
         now = self.clock()
         folded = run.folded
         reduce = run.workflow.reduce
@@ -176,6 +177,7 @@ class JournalWriter:
             keep_snapshots=policy.keep if snapshot is not None else None,
             release_lease=finished,
             consume_signals=consume_signals or (),
+            workflow_version=workflow_version,
         )
         if snapshot is not None:
             run.last_snapshot_seq = snapshot.seq
