@@ -74,6 +74,10 @@ class Snapshots:
     - ``gates``: after each completion of these steps (checked against the graph: a gate must name
       a step);
     - ``adaptive``: an ``Adaptive`` that chooses ``every`` per run (it replaces ``every``);
+    - ``replay_ratio``: a snapshot due by count (``every``, adaptive) waits until the events
+      journaled since the last snapshot hold at least this many times that snapshot's bytes: for a
+      large state that grows little per step (a long conversation), the snapshot cost per step then
+      stays flat, and a recovery replays at most about ``replay_ratio`` times the snapshot's bytes;
     - ``keep``: snapshots kept per run (older ones are pruned as new ones are written).
 
     A snapshot is also written when a run ends, and on demand (``orc.snapshot``), whatever the policy.
@@ -84,6 +88,7 @@ class Snapshots:
     after_effects: bool = False
     gates: tuple[str, ...] = ()
     adaptive: Adaptive | None = None
+    replay_ratio: float | None = None
     keep: int = 3
 
     def __post_init__(self) -> None:
@@ -107,6 +112,10 @@ class Snapshots:
                 object.__setattr__(self, "adaptive", _build(Adaptive, self.adaptive, "Snapshots(adaptive=...)"))
             else:
                 raise DefinitionError(f"Snapshots(adaptive=...) must be an Adaptive(...), got {self.adaptive!r}")
+        if self.replay_ratio is not None and (isinstance(self.replay_ratio, bool)
+                                              or not isinstance(self.replay_ratio, (int, float))
+                                              or not self.replay_ratio > 0):
+            raise DefinitionError(f"Snapshots(replay_ratio=...) must be a positive number, got {self.replay_ratio!r}")
         if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
             raise DefinitionError(f"Snapshots(keep=...) must be an integer >= 1, got {self.keep!r}")
 
@@ -122,7 +131,7 @@ class Snapshots:
         """The policy as data (recorded in the snapshot catalog's configuration hash)."""
         return {"every": self.every, "seconds": self.seconds, "after_effects": self.after_effects,
                 "gates": list(self.gates), "adaptive": self.adaptive.to_json() if self.adaptive else None,
-                "keep": self.keep}
+                "replay_ratio": self.replay_ratio, "keep": self.keep}
 
 
 #: The policy of a workflow that declares none (the Orchestrator's snapshot_every/keep_snapshots

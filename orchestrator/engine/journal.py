@@ -46,7 +46,7 @@ class ActiveRun:
     """A run this process is driving: its workflow, its lease token and what its journal folds to."""
 
     __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "snapshot_at", "every", "lock",
-                 "broken")
+                 "broken", "snapshot_bytes", "journal_bytes")
 
     def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int, *,
                  snapshot_at: float | None = None, every: int | None = None) -> None:
@@ -60,6 +60,10 @@ class ActiveRun:
         self.snapshot_at = snapshot_at
         #: the interval an adaptive policy chose for this run (None: the policy's ``every``)
         self.every = every
+        #: the size of the last snapshot this process wrote (0: unknown), and the bytes journaled
+        #: since (``Snapshots(replay_ratio=)``)
+        self.snapshot_bytes = 0
+        self.journal_bytes = 0
         # Parallel sync steps run on threads and may journal durable calls from there: one writer
         # at a time per run keeps seq numbers and the folded state consistent. Per run, not per
         # process, so a worker driving several runs on threads commits them concurrently.
@@ -142,6 +146,7 @@ class JournalWriter:
             data = codec.loads(text)
             apply(folded, seq, kind, data, reduce)
             events.append(NewEvent(seq=seq, kind=kind, data=text, at=now))
+            run.journal_bytes += len(text)
             if kind == EventKind.STEP_COMPLETED:
                 effect = effect or bool(data.get("effect"))
                 if data["step"] in policy.gates:
@@ -182,6 +187,8 @@ class JournalWriter:
         if snapshot is not None:
             run.last_snapshot_seq = snapshot.seq
             run.snapshot_at = now
+            run.snapshot_bytes = snapshot.size_bytes or 0
+            run.journal_bytes = 0
         return events
 
 
@@ -192,7 +199,8 @@ def _due(policy: Snapshots, run: ActiveRun, seq: int, now: float, gate: str | No
     if effect and policy.after_effects:
         return "effect"
     every = run.every if run.every is not None else policy.every
-    if every is not None and seq - run.last_snapshot_seq >= every:
+    if every is not None and seq - run.last_snapshot_seq >= every and (
+            policy.replay_ratio is None or run.journal_bytes >= policy.replay_ratio * run.snapshot_bytes):
         return "adaptive" if run.every is not None else "periodic"
     if policy.seconds is not None and run.snapshot_at is not None and now - run.snapshot_at >= policy.seconds:
         return "timed"

@@ -3,9 +3,11 @@ after effects, at gates, adaptive (its choice and inputs journaled), combined. S
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from workflows import END, Adaptive, DefinitionError, Snapshots, Workflow
+from workflows import END, Adaptive, DefinitionError, Snapshots, Workflow, reducers
 
 
 def chain(name: str = "chain", *, snapshots=None, effect_at: str | None = None, steps: int = 6,
@@ -99,6 +101,28 @@ def test_the_catalogs_configuration_hash_follows_the_policy(orc_factory):
     assert orc.snapshots("a")[0].config_hash != orc.snapshots("b")[0].config_hash
 
 
+def test_replay_ratio_waits_until_the_journal_since_holds_the_snapshots_bytes(orc_factory):
+    # Given a conversation whose state grows by ~1 KB a step, snapshotting every 2 events, but only
+    # once the events since the last snapshot are at least as large as it
+    wf = Workflow("talk", reducers={"log": reducers.append}, snapshots=Snapshots(every=2, replay_ratio=1.0, keep=50))
+
+    @wf.step(start=True)
+    def say(ctx, state):
+        return {"n": state["n"] + 1, "log": "w" * 1000}
+
+    wf.route("say", lambda s: "say" if s["n"] < 40 else END)
+    orc = orc_factory(wf)
+    orc.run(wf, {"n": 0, "log": []}, run_id="talk")
+    # Then the periodic snapshots thin out as the state grows: each one is preceded by at least as
+    # many journaled bytes as the snapshot before it holds
+    periodic = sorted((s.seq, s.size_bytes) for s in orc.snapshots("talk") if s.trigger == "periodic")
+    gaps = [b[0] - a[0] for a, b in zip(periodic, periodic[1:])]
+    assert len(periodic) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0] >= 2
+    events = {e["seq"]: len(json.dumps(e["data"])) for e in orc.history("talk")}
+    for (seq_a, size_a), (seq_b, _) in zip(periodic, periodic[1:]):
+        assert sum(events[s] for s in range(seq_a + 1, seq_b + 1)) >= 0.9 * size_a
+
+
 # -- adaptive ----------------------------------------------------------------------------------------
 def _crashing(name: str, policy: Snapshots, *, crash: bool) -> Workflow:
     wf = Workflow(name, snapshots=policy)
@@ -166,6 +190,8 @@ def test_bad_policies_are_definition_errors_naming_the_option():
         Snapshots(seconds=-1)
     with pytest.raises(DefinitionError, match="max_every=5.*min_every=10"):
         Adaptive(min_every=10, max_every=5)
+    with pytest.raises(DefinitionError, match=r"Snapshots\(replay_ratio=...\) must be a positive number"):
+        Snapshots(replay_ratio=0)
     with pytest.raises(DefinitionError, match="snapshots must be a Snapshots"):
         Workflow("x", snapshots=42)
 
@@ -183,4 +209,4 @@ def test_policies_read_as_data():
     assert wf.snapshots == Snapshots(every=50, after_effects=True, gates=("a",),
                                      adaptive=Adaptive(min_every=5, max_every=50))
     assert Snapshots().to_json() == {"every": 100, "seconds": None, "after_effects": False, "gates": [],
-                                     "adaptive": None, "keep": 3}
+                                     "adaptive": None, "replay_ratio": None, "keep": 3}
