@@ -142,7 +142,8 @@ class Orchestrator:
                              redactor=redactor, clock=the_clock, max_body=max_body, call_limits=call_limits)
         self.engine = Engine(self.store, config, workflows=self.workflows, compensations=compensations,
                              tools=self.tools, redactor=redactor, replay=replay, observers=observers)
-        self.audit = Audit(self.store, workflows=self.workflows, clock=the_clock, create_run=self.engine.create)
+        self.audit = Audit(self.store, workflows=self.workflows, clock=the_clock, create_run=self.engine.create,
+                           savepoint=self.engine.savepoint)
         self.queues = Queues(self.store, create_run=self.engine.create, clock=the_clock, owner=config.owner)
 
     # -- setup -----------------------------------------------------------------------------------
@@ -307,6 +308,11 @@ class Orchestrator:
         with ``resume``. Its workflow must be registered here; a damaged, tampered, newer-format or
         (under a key) unsigned file raises ``SavepointError`` naming what is wrong."""
         return self.engine.restore_savepoint(path)
+
+    def archive(self, *, older_than: float, to: str | os.PathLike[str]) -> dict[str, Any]:
+        """Move finished runs that ended more than ``older_than`` seconds ago into savepoint files in
+        ``to`` and out of the database (``restore`` brings one back); unfinished runs are never touched."""
+        return self.audit.archive(older_than=older_than, to=to)
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
         """The run's checkpoint catalog, newest first: trigger, seq, time, code, size, validity."""

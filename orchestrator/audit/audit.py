@@ -22,10 +22,12 @@ snapshots), ``fork`` (the state before a step), ``gc`` (what retention may delet
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from orchestrator.audit.fork import fork_point
 from orchestrator.audit.gc import GC_STATUSES, GcReport, plan_deletions
@@ -39,8 +41,6 @@ from orchestrator.payload import codec
 from store import RunNotFoundError, RunRecord, SnapshotInfo, Store
 
 if TYPE_CHECKING:
-    import os
-
     from orchestrator.engine.journal import ActiveRun
 
 __all__ = ["Audit"]
@@ -50,11 +50,13 @@ class Audit:
     """Reading runs (see the module docstring). ``create_run`` is ``Engine.create``, for forks."""
 
     def __init__(self, store: Store, *, workflows: WorkflowRegistry, clock: Callable[[], float],
-                 create_run: Callable[..., ActiveRun | None]) -> None:
+                 create_run: Callable[..., ActiveRun | None],
+                 savepoint: Callable[..., Path] | None = None) -> None:
         self.store = store
         self.workflows = workflows
         self.clock = clock
         self._create_run = create_run
+        self._savepoint = savepoint
 
     def get_run(self, run_id: str) -> RunRecord:
         return self.store.get_run(run_id)
@@ -128,6 +130,38 @@ class Audit:
         for seq, validity, reason in report.verdicts:
             if seq in held and held[seq] != (validity, reason) and held[seq][0] != "quarantined":
                 self.store.mark_snapshot(run_id, seq, validity, reason=reason, checked_at=now)
+
+    def archive(self, *, older_than: float, to: str | os.PathLike[str]) -> dict[str, Any]:
+        """Move finished runs that ended more than ``older_than`` seconds ago out of the database into
+        savepoint files in ``to`` (``RUN.savepoint.json.gz``, restorable with ``restore``). Each file is
+        written and fsynced before its run is deleted, one run at a time, and the delete is
+        conditional on the run still being finished: a crash at any point loses no run (at worst a run
+        is both in the database and in its file, and archiving again finishes the job). Unfinished
+        runs are never touched."""
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or older_than < 0:
+            raise ConfigurationError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
+        if self._savepoint is None:
+            raise ConfigurationError("archive needs the engine's savepoints (use Orchestrator.archive)")
+        folder = Path(to)
+        if not folder.is_dir():
+            raise ConfigurationError(f"archive: {str(folder)!r} is not a directory")
+        finished = self.store.list_runs(status=GC_STATUSES, limit=None)
+        doomed = plan_deletions(finished, cutoff=self.clock() - older_than)
+        archived: list[dict[str, Any]] = []
+        spared: list[str] = []
+        for rec in reversed(doomed):  # oldest first
+            path = folder / f"{quote(rec.run_id, safe='')}.savepoint.json.gz"
+            try:
+                self._savepoint(rec.run_id, name="archive", path=path)
+            except RunNotFoundError:
+                continue  # deleted by someone else meanwhile
+            if self.store.delete_runs([rec.run_id], statuses=GC_STATUSES):
+                archived.append({"run_id": rec.run_id, "workflow": rec.workflow, "status": rec.status,
+                                 "path": str(path), "bytes": path.stat().st_size})
+            else:  # resumed (rolled back) meanwhile: it stays, and so must not look archived
+                path.unlink(missing_ok=True)
+                spared.append(rec.run_id)
+        return {"archived": archived, "spared": spared, "to": str(folder)}
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
         """The run's checkpoint catalog, newest first (metadata and validity, no state)."""

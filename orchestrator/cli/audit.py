@@ -239,6 +239,25 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_archive(args: argparse.Namespace) -> int:
+    older = parse_duration(args.older_than, "--older-than")
+    if older is None:
+        raise UsageError("archive needs --older-than DURATION (e.g. 30d)")
+    with open_reader(args) as orc:
+        report = orc.archive(older_than=older, to=args.to)
+    if args.json:
+        print(json_line(report))
+        return 0
+    for row in report["archived"]:
+        print(f"archived run {safe(row['run_id'])} ({safe(row['workflow'])}, {row['status']}) to "
+              f"{safe(row['path'])} ({row['bytes']:,} bytes)")
+    for run_id in report["spared"]:
+        print(f"spared run {safe(run_id)}: it was resumed while being archived")
+    print(f"{len(report['archived'])} run(s) archived to {safe(report['to'])}; restore one with: "
+          "agentsaga restore FILE --app APP")
+    return 0
+
+
 # -- fork ------------------------------------------------------------------------------------------
 def cmd_fork(args: argparse.Namespace) -> int:
     with open_orchestrator(args, app=True) as orc:
@@ -335,6 +354,10 @@ def add_audit_verbs(verb: Verb) -> None:
     p = verb("restore", cmd_restore, "bring a savepoint file's run into the database (all or nothing)")
     p.add_argument("file", metavar="FILE")
     add_app_flag(p)
+
+    p = verb("archive", cmd_archive, "move finished runs older than a duration into savepoint files")
+    p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 30d, 12h (finished that long ago)")
+    p.add_argument("--to", required=True, metavar="DIR", help="the directory the files are written to")
 
     p = verb("fork", cmd_fork, "start a new run from the state a run had before one of its steps")
     p.add_argument("run_id", metavar="RUN")

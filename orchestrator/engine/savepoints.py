@@ -28,6 +28,7 @@ import gzip
 import hashlib
 import hmac
 import json
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,12 +108,15 @@ def build_savepoint(name: str, rec: RunRecord, snapshot: SnapshotRecord | None, 
 
 
 def write_savepoint(path: Path, doc: dict[str, Any]) -> Path:
-    """Write ``doc`` compressed to ``path`` (a temporary file renamed into place: never half a file)."""
+    """Write ``doc`` compressed to ``path`` (a temporary file, fsynced, renamed into place: never half a file)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
+    data = gzip.compress(_canonical(doc))
     try:
-        with gzip.open(tmp, "wb") as fh:
-            fh.write(_canonical(doc))
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())  # durable before the rename, and before an archive deletes the run
         tmp.replace(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
