@@ -13,11 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from audit_helpers import agentsaga  # noqa: E402
+from audit_helpers import agentsaga
 
-from orchestrator import Orchestrator  # noqa: E402
-from store import RunNotFoundError, open_store  # noqa: E402
-from workflows import END, Workflow, reducers  # noqa: E402
+from orchestrator import Orchestrator
+from store import RunNotFoundError, open_store
+from workflows import END, Workflow, reducers
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
