@@ -22,7 +22,8 @@ PARTS = {
     "breakers": {"get", "compare_and_set"},
     "slots": {"acquire", "renew", "release", "held"},
     "failures": {"record", "for_run", "dead_letter", "revive"},
-    "stats": {"queue_depths", "recovery_totals", "recent_event_data", "failure_counts"},
+    "stats": {"queue_depths", "recovery_totals", "recent_event_data", "failure_counts", "snapshot_totals",
+              "recent_event_data_by_workflow", "failed_recoveries_by_workflow"},
 }
 
 
