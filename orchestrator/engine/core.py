@@ -417,7 +417,7 @@ class Engine:
             return snap.seq
         try:
             self.store.append(run_id, [], token=rec.lease_token, now=cfg.clock(), snapshot=snap,
-                              keep_snapshots=cfg.keep_snapshots)
+                              keep_snapshots=self.journal.policy(wf).keep)
         except ConflictError:
             pass  # the driving process wrote one at this seq first
         return snap.seq
