@@ -39,7 +39,7 @@ from orchestrator.payload.redact import Redactor
 from orchestrator.tools.breakers import StoreBreakers
 from orchestrator.tools.limits import CallLimits, ToolLimits
 from orchestrator.tools.toolbox import ToolBox
-from store import LeaseHeldError, RunRecord, Store, open_store
+from store import LeaseHeldError, RunRecord, SnapshotInfo, Store, open_store
 from workflows import Workflow
 
 __all__ = ["Orchestrator"]
@@ -54,6 +54,8 @@ class Orchestrator:
     - ``workflows``: the workflows this process can drive (also ``register``)
     - ``snapshot_every`` (100): write a snapshot every N events (and at the end of a run)
     - ``keep_snapshots`` (3): snapshots kept per run; older ones are pruned in the same transaction
+      (both for workflows that declare no ``Workflow(snapshots=Snapshots(...))`` policy)
+    - ``signing_key``: HMAC key that savepoints are signed with, and must be signed with to be restored
     - ``lease_ttl`` (30 s): how long a lease lasts without a heartbeat
     - ``heartbeat`` (``lease_ttl / 3``): how often held leases are renewed
     - ``allow_graph_change`` (False): let ``resume`` continue a run whose graph or version changed
@@ -102,8 +104,12 @@ class Orchestrator:
         max_body: int = 8192,
         replay: Any = None,
         observers: Sequence[Observer] = (),
+        signing_key: bytes | str | None = None,
     ) -> None:
         _check_options(snapshot_every, keep_snapshots, lease_ttl, heartbeat)
+        if signing_key is not None and (not isinstance(signing_key, (bytes, str)) or not signing_key):
+            raise ConfigurationError("signing_key must be non-empty bytes or text (the HMAC key of savepoints)")
+        key = signing_key.encode() if isinstance(signing_key, str) else signing_key
         if isinstance(redact, Redactor):
             if redact_fields:
                 raise ConfigurationError("redact_fields goes into the Redactor when redact is one: "
@@ -127,7 +133,7 @@ class Orchestrator:
         config = EngineConfig(
             owner=owner or default_owner(), snapshot_every=snapshot_every, keep_snapshots=keep_snapshots,
             lease_ttl=float(lease_ttl), heartbeat=heartbeat, allow_graph_change=allow_graph_change,
-            clock=the_clock, sleep=sleep or asyncio.sleep, rng=rng or random.Random(),
+            clock=the_clock, sleep=sleep or asyncio.sleep, rng=rng or random.Random(), signing_key=key,
         )
         call_limits = None
         if tool_limits is not None and tool_limits.calls:
@@ -137,7 +143,8 @@ class Orchestrator:
                              redactor=redactor, clock=the_clock, max_body=max_body, call_limits=call_limits)
         self.engine = Engine(self.store, config, workflows=self.workflows, compensations=compensations,
                              tools=self.tools, redactor=redactor, replay=replay, observers=observers)
-        self.audit = Audit(self.store, workflows=self.workflows, clock=the_clock, create_run=self.engine.create)
+        self.audit = Audit(self.store, workflows=self.workflows, clock=the_clock, create_run=self.engine.create,
+                           savepoint=self.engine.savepoint)
         self.queues = Queues(self.store, create_run=self.engine.create, clock=the_clock, owner=config.owner)
 
     # -- setup -----------------------------------------------------------------------------------
@@ -315,9 +322,34 @@ class Orchestrator:
         """What the run did: status, timings, step executions, effects, snapshots, the failure."""
         return self.audit.summary(run_id, keep_states=keep_states)
 
-    def verify(self, run_id: str) -> VerifyReport:
-        """Re-fold the journal and check every snapshot against it; ``report.ok`` is the verdict."""
-        return self.audit.verify(run_id)
+    def verify(self, run_id: str, *, mark: bool = True) -> VerifyReport:
+        """Re-fold the journal and check every snapshot against it; ``report.ok`` is the verdict.
+        Each snapshot's verdict is recorded in the checkpoint catalog unless ``mark=False``."""
+        return self.audit.verify(run_id, mark=mark)
+
+    def savepoint(self, run_id: str, *, name: str, path: str | os.PathLike[str]) -> Path:
+        """Write the run to ``path`` as a named, portable, verifiable savepoint (compressed JSON with a
+        hash chain; signed with ``signing_key`` when one is configured). See docs/checkpoints.md."""
+        return self.engine.savepoint(run_id, name=name, path=path)
+
+    def restore(self, path: str | os.PathLike[str]) -> str:
+        """Bring a savepoint into this database (all or nothing) and return its run id; drive it on
+        with ``resume``. Its workflow must be registered here; a damaged, tampered, newer-format or
+        (under a key) unsigned file raises ``SavepointError`` naming what is wrong."""
+        return self.engine.restore_savepoint(path)
+
+    def archive(self, *, older_than: float, to: str | os.PathLike[str]) -> dict[str, Any]:
+        """Move finished runs that ended more than ``older_than`` seconds ago into savepoint files in
+        ``to`` and out of the database (``restore`` brings one back); unfinished runs are never touched."""
+        return self.audit.archive(older_than=older_than, to=to)
+
+    def snapshots(self, run_id: str) -> list[SnapshotInfo]:
+        """The run's checkpoint catalog, newest first: trigger, seq, time, code, size, validity."""
+        return self.audit.snapshots(run_id)
+
+    def quarantine(self, run_id: str, seq: int, *, reason: str) -> None:
+        """Set the snapshot at ``seq`` aside: recoveries skip it (and journal why), verify keeps the mark."""
+        self.audit.quarantine(run_id, seq, reason=reason)
 
     def fork(self, parent_id: str, /, *, from_step: str, run_id: str | None = None) -> str:
         """A new pending run from ``parent_id``'s state just before ``from_step``; returns its id."""

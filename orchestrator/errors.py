@@ -6,11 +6,14 @@
      ├── ConfigurationError      an Orchestrator option is invalid
      ├── WorkflowNotFoundError   the run's workflow is not registered here, or a named app cannot be imported
      ├── GraphChangedError       the workflow's graph or version differs from the one the run started with
+     ├── CodeChangedError        a step's code differs from the code that ran, and the workflow refuses that
+     ├── MigrationError          a declared state migration raised or returned a state that cannot be used
      ├── EncodingError           a value cannot be journaled as JSON (names where it is and its type)
      ├── StepTimeoutError        a step ran longer than its timeout
      ├── LoopLimitError          a step would run more often than its max_visits bound
      │    └── ToolLoopLimitError the model kept calling tools for max_iterations calls without answering
      ├── RunStateError           the run's status does not allow the operation (e.g. cancel a finished run)
+     ├── SavepointError          a savepoint file cannot be written, read or trusted (names the first bad link)
      ├── RunFailedError          raised by ``RunResult.raise_for_status()`` for a run that did not complete
      ├── InDoubtError            an effect may or may not have happened and can be neither checked nor re-sent
      ├── WaitTimeoutError        ctx.wait_for's timeout passed before the signal arrived (also a TimeoutError)
@@ -33,12 +36,15 @@ __all__ = [
     "ConfigurationError",
     "WorkflowNotFoundError",
     "GraphChangedError",
+    "CodeChangedError",
+    "MigrationError",
     "EncodingError",
     "StepTimeoutError",
     "LoopLimitError",
     "ToolLoopLimitError",
     "PromptError",
     "RunStateError",
+    "SavepointError",
     "RunFailedError",
     "InDoubtError",
     "WaitTimeoutError",
@@ -74,6 +80,20 @@ class GraphChangedError(OrchestratorError):
         super().__init__(message)
 
 
+class CodeChangedError(OrchestratorError):
+    """A run's steps ran under code that the registered workflow has changed, and the workflow
+    declares ``on_code_change="refuse"``; ``changed`` maps each step to its recorded and current hash."""
+
+    def __init__(self, message: str, *, changed: dict[str, dict[str, str]] | None = None):
+        super().__init__(message)
+        self.changed = changed or {}
+
+
+class MigrationError(OrchestratorError):
+    """A declared state migration raised, or returned a state that is not a dict, does not encode
+    or does not validate; the run was left as it was."""
+
+
 class EncodingError(OrchestratorError):
     """A value cannot be journaled as JSON; the message names the step, the path and the type."""
 
@@ -101,6 +121,12 @@ class PromptError(OrchestratorError):
 
 class RunStateError(OrchestratorError):
     """The run's status does not allow the operation."""
+
+
+class SavepointError(OrchestratorError):
+    """A savepoint cannot be written, read or trusted: truncated, tampered with (the first bad link
+    of its hash chain is named), of a newer format, unsigned or wrongly signed under a key, or for
+    a workflow or run the target cannot take. Nothing was written to the target database."""
 
 
 class RunFailedError(OrchestratorError):

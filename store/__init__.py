@@ -13,7 +13,7 @@ The contract is docs/internals-store.md.
 
 from typing import TYPE_CHECKING
 
-from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
+from ._records import VALIDITY, EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotInfo, SnapshotRecord
 from .errors import (
     ConfigError,
     ConflictError,
@@ -62,6 +62,8 @@ __all__ = [
     "EventRecord",
     "NewSnapshot",
     "SnapshotRecord",
+    "SnapshotInfo",
+    "VALIDITY",
     "StoreError",
     "ConfigError",
     "SchemaVersionError",

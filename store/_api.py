@@ -42,7 +42,15 @@ from ._fence import Fence
 from ._journal import INSERT_EVENT, PRUNE_SNAPSHOTS, Journal, check_batch, event_row
 from ._leases import Leases
 from ._queues import Queues
-from ._records import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
+from ._records import (
+    VALIDITY,
+    EventRecord,
+    NewEvent,
+    NewSnapshot,
+    RunRecord,
+    SnapshotInfo,
+    SnapshotRecord,
+)
 from ._schema import SCHEMA_VERSION, ensure_schema
 from ._signals import Signals
 from ._slots import Slots
@@ -61,8 +69,8 @@ _SELECT_RUN = f"SELECT {_RUN_COLUMNS} FROM agentsaga_runs"
 _INSERT_RUN = (
     "INSERT INTO agentsaga_runs (run_id, workflow, version, fingerprint, target, status,"
     " created_at, updated_at, parent_run_id, lease_owner, lease_token, lease_expires_at, queue,"
-    " priority, dedup_key, recoveries)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
+    " priority, dedup_key, finished_at, error, recoveries)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
 )
 
 
@@ -148,18 +156,26 @@ class Store:
         queue: str | None = None,
         priority: int = 0,
         dedup_key: str | None = None,
+        snapshot: NewSnapshot | None = None,
+        finished_at: float | None = None,
+        error: str | None = None,
     ) -> int:
-        """Insert the run and its first events in one transaction; return the lease token
-        (1 when created leased by `lease_owner`, else 0)."""
+        """Insert the run and its first events (and a snapshot of them) in one transaction;
+        return the lease token (1 when created leased by `lease_owner`, else 0).
+
+        `finished_at` and `error` bring in a run that has already ended elsewhere (a restore)."""
         if lease_owner is not None and lease_ttl is None:
             raise ValueError("create_run: lease_owner needs lease_ttl")
         events = list(events)
         check_batch(run_id, events)
+        if snapshot is not None and snapshot.seq not in {e.seq for e in events}:
+            raise ValueError(f"create_run: the snapshot's seq {snapshot.seq} is not one of the events'")
         token = 1 if lease_owner is not None else 0
         expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
-        row = (run_id, workflow, version, fingerprint, target, status, created_at, created_at,
-               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key)
+        row = (run_id, workflow, version, fingerprint, target, status, created_at, finished_at or created_at,
+               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key, finished_at, error)
         d = self._d
+        journal = self._journal
 
         def work(conn: Any) -> int:
             try:
@@ -167,6 +183,8 @@ class Store:
                     pk = d.fetchall(conn, _INSERT_RUN, row)[0][0]
                     if events:
                         d.executemany(conn, INSERT_EVENT, [event_row(pk, e) for e in events])
+                    if snapshot is not None:
+                        journal.insert_snapshot(conn, pk, snapshot)
             except d.driver_errors as exc:
                 if d.classify(exc, conn) is not ErrorKind.UNIQUE:
                     raise
@@ -259,15 +277,17 @@ class Store:
         keep_snapshots: int | None = None,
         release_lease: bool = False,
         consume_signals: Sequence[int] = (),
+        workflow_version: tuple[str, str] | None = None,
     ) -> None:
-        """Journal `events`, and optionally set status, write a snapshot, consume signals and
-        release the lease: all in one transaction, or nothing. Fenced by `token`."""
+        """Journal `events`, and optionally set status, write a snapshot, consume signals, set the
+        run's `(version, fingerprint)` (a migrated run) and release the lease: all in one
+        transaction, or nothing. Fenced by `token`."""
         if status is None and (error is not None or finished):
             raise ValueError("append: error and finished need a status")
         if keep_snapshots is not None and keep_snapshots < 0:
             raise ValueError("append: keep_snapshots must be >= 0")
         simple = (len(events) == 1 and status is None and snapshot is None
-                  and not release_lease and not consume_signals)
+                  and not release_lease and not consume_signals and workflow_version is None)
         if not simple:
             events = list(events)
             check_batch(run_id, events)
@@ -288,7 +308,8 @@ class Store:
                     journal.append_one(conn, run_id, events[0], token)
                 else:
                     journal.append_tx(conn, run_id, events, token, now, status, error, finished,
-                                      snapshot, keep_snapshots, release_lease, consume_signals)
+                                      snapshot, keep_snapshots, release_lease, consume_signals,
+                                      workflow_version)
             except (ConflictError, FencedError):
                 # Fenced too: had our commit landed before a takeover, it is still journaled.
                 if session_lost and events and journal.already_journaled(conn, run_id, events):
@@ -342,6 +363,48 @@ class Store:
             params.append(seq)
         rows = self._d.fetchall(conn, sql + " ORDER BY seq DESC", params)
         return [SnapshotRecord(*row) for row in rows]
+
+    def snapshot_catalog(self, run_id: str) -> list[SnapshotInfo]:
+        """The run's snapshot catalog, newest first: every snapshot's metadata and validity flag,
+        without its state (so a recovery reads only the states it tries)."""
+        sql = (
+            "SELECT seq, sha256, schema_version, trigger, created_at, workflow, version, fingerprint,"
+            " agentsaga_version, python_version, config_hash, size_bytes, validity, validity_reason,"
+            " checked_at FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC"
+        )
+
+        def work(conn: Any) -> list[SnapshotInfo]:
+            pk = self._fence.require_run(conn, run_id)
+            return [SnapshotInfo(*row) for row in self._d.fetchall(conn, sql, (pk,))]
+
+        return self._b.run("snapshot_catalog", work)
+
+    def mark_snapshot(
+        self, run_id: str, seq: int, validity: str, *, reason: str | None, checked_at: float,
+        keep_bad: bool = False,
+    ) -> bool:
+        """Set a snapshot's validity flag (one of `VALIDITY`) and why; return whether it exists.
+
+        The flag is catalog metadata, not history: it is not fenced by the run's lease, and setting
+        it never touches the journal. With `keep_bad`, a snapshot already marked `failed` or
+        `quarantined` keeps its mark and reason (a recovery confirming what a check found)."""
+        if validity not in VALIDITY:
+            raise ValueError(f"mark_snapshot: validity must be one of {', '.join(VALIDITY)}, got {validity!r}")
+        sql = (
+            "UPDATE agentsaga_snapshots SET validity = ?, validity_reason = ?, checked_at = ?"
+            " WHERE run_pk = ? AND seq = ?"
+        )
+        if keep_bad:
+            sql += " AND validity NOT IN ('failed', 'quarantined')"
+
+        def work(conn: Any) -> bool:
+            pk = self._fence.require_run(conn, run_id)
+            if self._d.execute(conn, sql, (validity, reason, checked_at, pk, seq)).rowcount:
+                return True
+            found = "SELECT 1 FROM agentsaga_snapshots WHERE run_pk = ? AND seq = ?"
+            return self._d.fetchone(conn, found, (pk, seq)) is not None
+
+        return self._b.run("mark_snapshot", work)
 
     def prune_snapshots(self, run_id: str, keep: int) -> int:
         """Delete all but the newest `keep` snapshots; return how many were deleted."""

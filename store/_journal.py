@@ -39,7 +39,8 @@ PRUNE_SNAPSHOTS = (
 )
 _INSERT_SNAPSHOT = (
     "INSERT INTO agentsaga_snapshots (run_pk, seq, state, sha256, schema_version, trigger,"
-    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " created_at, workflow, version, fingerprint, agentsaga_version, python_version, config_hash,"
+    " size_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT_EVENTS = (
     "SELECT e.seq, e.kind, e.data, e.at FROM agentsaga_events e"
@@ -71,6 +72,13 @@ def event_row(pk: int, e: NewEvent) -> tuple[Any, ...]:
     return (pk, e.seq, e.kind, e.at, e.data)
 
 
+def snapshot_row(pk: int, s: NewSnapshot) -> tuple[Any, ...]:
+    """The parameters of the snapshot INSERT for snapshot `s` of run `pk`."""
+    size = s.size_bytes if s.size_bytes is not None else len(s.state.encode())
+    return (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger, s.created_at, s.workflow,
+            s.version, s.fingerprint, s.agentsaga_version, s.python_version, s.config_hash, size)
+
+
 class Journal:
     """Appends and reads on a connection the caller holds; fenced through `fence`."""
 
@@ -100,9 +108,10 @@ class Journal:
         self, conn: Any, run_id: str, events: Sequence[NewEvent], token: int, now: float,
         status: str | None, error: str | None, finished: bool, snapshot: NewSnapshot | None,
         keep: int | None, release: bool, consume: Sequence[int],
+        workflow_version: tuple[str, str] | None = None,
     ) -> None:
         d = self._d
-        changes_run = status is not None or release
+        changes_run = status is not None or release or workflow_version is not None
         fence_sql = "SELECT pk, lease_token FROM agentsaga_runs WHERE run_id = ?"
         fence_sql += d.lock_update if changes_run else d.lock_share
         try:
@@ -128,13 +137,13 @@ class Journal:
                             params.append(now)
                     if release:
                         sets += ["lease_owner = NULL", "lease_expires_at = NULL"]
+                    if workflow_version is not None:
+                        sets += ["version = ?", "fingerprint = ?"]
+                        params += list(workflow_version)
                     sql = f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?"
                     d.execute(conn, sql, (*params, pk))
                 if snapshot is not None:
-                    s = snapshot
-                    values = (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger,
-                              s.created_at)
-                    self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, values)
+                    self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
                     if keep is not None:
                         d.execute(conn, PRUNE_SNAPSHOTS, (pk, pk, keep))
         except _UniqueViolation as violation:
@@ -151,6 +160,10 @@ class Journal:
             raise ConflictError(
                 f"run {run_id!r} already has an event at seq {seq}", run_id=run_id, seq=seq
             ) from None
+
+    def insert_snapshot(self, conn: Any, pk: int, snapshot: NewSnapshot) -> None:
+        """Insert a snapshot of run `pk` inside the caller's transaction."""
+        self._d.execute(conn, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
 
     def already_journaled(self, conn: Any, run_id: str, events: Sequence[NewEvent]) -> bool:
         """True when every event is stored byte for byte at its seq (our lost COMMIT landed)."""

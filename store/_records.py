@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RunRecord", "NewEvent", "EventRecord", "NewSnapshot", "SnapshotRecord"]
+__all__ = ["RunRecord", "NewEvent", "EventRecord", "NewSnapshot", "SnapshotRecord", "SnapshotInfo", "VALIDITY"]
+
+#: The validity flags of a snapshot in the catalog: not checked yet, checked and good, its bytes do
+#: not verify (hash, layout, decoding), or intact bytes that must not be trusted (they disagree with
+#: the journal, or a person set it aside).
+VALIDITY = ("unchecked", "verified", "failed", "quarantined")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,15 @@ class NewSnapshot:
     trigger: str
     created_at: float
     schema_version: int = 1
+    #: catalog metadata (what wrote it, under which code and configuration); the store keeps it as given
+    workflow: str = ""
+    version: str = ""
+    fingerprint: str = ""
+    agentsaga_version: str = ""
+    python_version: str = ""
+    config_hash: str = ""
+    #: bytes of `state` as UTF-8 (None: the store measures it)
+    size_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +94,24 @@ class SnapshotRecord:
     schema_version: int
     trigger: str
     created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """One entry of a run's snapshot catalog: everything about a snapshot but its state."""
+
+    seq: int
+    sha256: str
+    schema_version: int
+    trigger: str
+    created_at: float
+    workflow: str
+    version: str
+    fingerprint: str
+    agentsaga_version: str
+    python_version: str
+    config_hash: str
+    size_bytes: int | None
+    validity: str
+    validity_reason: str | None
+    checked_at: float | None

@@ -29,7 +29,7 @@ from .errors import SchemaVersionError, StoreError
 
 __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "ddl", "ensure_schema"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # A migration from version v to v+1 is MIGRATIONS[v](execute, dialect_name): `execute(sql)` runs
 # one statement inside the opening transaction (which holds the schema lock), so a migration is
@@ -37,10 +37,36 @@ SCHEMA_VERSION = 1
 Migration = Callable[[Callable[[str], None], str], None]
 MIGRATIONS: dict[int, Migration] = {}
 
+
+def _v1_to_v2(execute: Callable[[str], None], dialect_name: str) -> None:
+    """The checkpoint catalog: snapshots gain what wrote them and a validity flag. Existing
+    snapshots get their run's workflow, version and fingerprint and their size; the versions of
+    agentsaga and Python that wrote them are unknown (empty), and they are `unchecked`."""
+    for column in ("workflow", "version", "fingerprint", "agentsaga_version", "python_version", "config_hash"):
+        execute(f"ALTER TABLE agentsaga_snapshots ADD COLUMN {column} VARCHAR NOT NULL DEFAULT ''")
+    big = "INTEGER" if dialect_name == "sqlite" else "BIGINT"
+    execute(f"ALTER TABLE agentsaga_snapshots ADD COLUMN size_bytes {big}")
+    execute("ALTER TABLE agentsaga_snapshots ADD COLUMN validity VARCHAR NOT NULL DEFAULT 'unchecked'")
+    execute("ALTER TABLE agentsaga_snapshots ADD COLUMN validity_reason TEXT")
+    execute("ALTER TABLE agentsaga_snapshots ADD COLUMN checked_at FLOAT")
+    size = "LENGTH(CAST(state AS BLOB))" if dialect_name == "sqlite" else "OCTET_LENGTH(state)"
+    execute(
+        "UPDATE agentsaga_snapshots SET"
+        " workflow = (SELECT r.workflow FROM agentsaga_runs r WHERE r.pk = agentsaga_snapshots.run_pk),"
+        " version = (SELECT r.version FROM agentsaga_runs r WHERE r.pk = agentsaga_snapshots.run_pk),"
+        " fingerprint = (SELECT r.fingerprint FROM agentsaga_runs r WHERE r.pk = agentsaga_snapshots.run_pk),"
+        f" size_bytes = {size}"
+        " WHERE EXISTS (SELECT 1 FROM agentsaga_runs r WHERE r.pk = agentsaga_snapshots.run_pk)"
+    )
+
+
+MIGRATIONS[1] = _v1_to_v2
+
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (no extra index, and
 # AUTOINCREMENT allowed); Postgres gets a BIGSERIAL.
 _PK = BigInteger().with_variant(Integer(), "sqlite")
 _DEFAULT_0 = {"server_default": text("0")}
+_DEFAULT_EMPTY = {"server_default": text("''")}
 # Parts of a composite key, not generated ids.
 _NO_AUTOINCREMENT = {"autoincrement": False}
 
@@ -122,6 +148,17 @@ class SnapshotRow(_Base, table=True):
     schema_version: int
     trigger: str
     created_at: float
+    # The checkpoint catalog (schema version 2): what wrote the snapshot and what checking it found.
+    workflow: str = Field(default="", sa_column_kwargs=_DEFAULT_EMPTY)
+    version: str = Field(default="", sa_column_kwargs=_DEFAULT_EMPTY)
+    fingerprint: str = Field(default="", sa_column_kwargs=_DEFAULT_EMPTY)
+    agentsaga_version: str = Field(default="", sa_column_kwargs=_DEFAULT_EMPTY)
+    python_version: str = Field(default="", sa_column_kwargs=_DEFAULT_EMPTY)
+    config_hash: str = Field(default="", sa_column_kwargs=_DEFAULT_EMPTY)
+    size_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    validity: str = Field(default="unchecked", sa_column_kwargs={"server_default": text("'unchecked'")})
+    validity_reason: str | None = Field(default=None, sa_type=Text)
+    checked_at: float | None = None
 
 
 class BreakerRow(_Base, table=True):

@@ -72,3 +72,34 @@ class Stats:
         sql = "SELECT kind, COUNT(*) FROM agentsaga_run_failures GROUP BY kind"
         rows = self._b.run("stats.failure_counts", lambda conn: self._d.fetchall(conn, sql, ()))
         return {kind: int(n) for kind, n in rows}
+
+    def snapshot_totals(self) -> list[tuple[str, str, str, int, int]]:
+        """(workflow, trigger, validity, snapshots, bytes) over the snapshots the database holds."""
+        sql = (
+            "SELECT workflow, trigger, validity, COUNT(*), COALESCE(SUM(size_bytes), 0)"
+            " FROM agentsaga_snapshots GROUP BY workflow, trigger, validity"
+        )
+        rows = self._b.run("stats.snapshot_totals", lambda conn: self._d.fetchall(conn, sql, ()))
+        return [(w, t, v, int(n), int(b)) for w, t, v, n, b in rows]
+
+    def recent_event_data_by_workflow(self, kind: str, *, runs: int) -> list[tuple[str, str]]:
+        """(workflow, `data` JSON text) of every `kind` event of the `runs` most recently created runs."""
+        if runs <= 0:
+            return []
+        sql = (
+            "SELECT r.workflow, e.data FROM agentsaga_events e JOIN"
+            " (SELECT pk, workflow FROM agentsaga_runs ORDER BY created_at DESC, pk DESC LIMIT ?) r"
+            " ON r.pk = e.run_pk WHERE e.kind = ?"
+        )
+        rows = self._b.run("stats.recent_event_data_by_workflow",
+                           lambda conn: self._d.fetchall(conn, sql, (runs, kind)))
+        return [(w, d) for w, d in rows]
+
+    def failed_recoveries_by_workflow(self) -> dict[str, int]:
+        """Failed recoveries (failure rows of kind error or dead) per workflow, over all runs."""
+        sql = (
+            "SELECT r.workflow, COUNT(*) FROM agentsaga_run_failures f JOIN agentsaga_runs r ON r.pk = f.run_pk"
+            " WHERE f.kind IN ('error', 'dead') GROUP BY r.workflow"
+        )
+        rows = self._b.run("stats.failed_recoveries_by_workflow", lambda conn: self._d.fetchall(conn, sql, ()))
+        return {w: int(n) for w, n in rows}

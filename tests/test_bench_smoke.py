@@ -128,3 +128,25 @@ def test_agents_quick_prints_the_required_json():
     for command in ("python -c pass", "import orchestrator", "agentsaga --help", "agentsaga --version",
                     "agentsaga runs"):
         assert is_number(out["startup"][command].get("ms")), (command, out["startup"][command])
+
+
+CHECKPOINT_ROW_KEYS = {"ms_per_step", "overhead", "growth", "snapshots", "bytes", "recovery_ms", "replayed"}
+
+
+def test_checkpoints_quick_prints_a_row_per_policy_and_workload():
+    # When the checkpoint benchmark runs in its quick mode
+    out = run_quick("checkpoints.py", timeout=HANG)
+    # Then every policy has a row of numbers for each workload, on SQLite and (in CI) Postgres
+    backends = ["sqlite"] + (["postgres"] if out["postgres"] is not None else [])
+    if out["postgres"] is None:
+        assert not os.environ.get("CI"), out.get("pg_reason")
+    for backend in backends:
+        workloads = out[backend]
+        assert {k.split("_")[0] for k in workloads} == {"steps", "conversation"}
+        for rows in workloads.values():
+            assert set(rows) == set(out["policies"]) and "none" in rows
+            for name, row in rows.items():
+                assert CHECKPOINT_ROW_KEYS <= row.keys(), name
+                assert all(is_number(row[k]) for k in CHECKPOINT_ROW_KEYS), (name, row)
+            # The floor writes only the final snapshot; a count policy writes more
+            assert rows["none"]["snapshots"] == 1 and rows["every_10"]["snapshots"] > 1

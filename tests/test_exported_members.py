@@ -13,12 +13,13 @@ import pytest
 EXPORTS: dict[str, set[str]] = {
     "workflows": {
         "END", "MISSING", "NO_RETRY", "DefinitionError", "Retry", "RoutingError", "Step", "Workflow",
-        "WorkflowError", "reducers",
+        "WorkflowError", "reducers", "Snapshots", "Adaptive",
     },
     "orchestrator": {
         "Orchestrator", "RunResult", "StepContext",
         "OrchestratorError", "ConfigurationError", "WorkflowNotFoundError", "GraphChangedError", "EncodingError",
-        "StepTimeoutError", "LoopLimitError", "ToolLoopLimitError", "PromptError", "RunStateError", "RunFailedError",
+        "CodeChangedError", "MigrationError",
+        "StepTimeoutError", "LoopLimitError", "ToolLoopLimitError", "PromptError", "RunStateError", "SavepointError", "RunFailedError",
         "InDoubtError", "WaitTimeoutError", "ReplayError", "ReplayMismatchError", "ReplayMissingError", "ToolError",
         "RetryableToolError", "PermanentToolError", "CircuitOpenError",
         "StoreError", "StoreUnavailableError", "RunNotFoundError", "FencedError", "LeaseHeldError",

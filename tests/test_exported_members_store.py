@@ -12,6 +12,8 @@ EXPECTED = {
     "EventRecord",
     "NewSnapshot",
     "SnapshotRecord",
+    "SnapshotInfo",
+    "VALIDITY",
     "StoreError",
     "ConfigError",
     "SchemaVersionError",

@@ -4,6 +4,7 @@ from workflows import reducers
 from workflows._graph import Workflow
 from workflows._policies import END, NO_RETRY, Retry
 from workflows._reducers import MISSING
+from workflows._snapshots import Adaptive, Snapshots
 from workflows._step import Step
 from workflows.errors import DefinitionError, RoutingError, WorkflowError
 
@@ -11,9 +12,11 @@ __all__ = [
     "END",
     "MISSING",
     "NO_RETRY",
+    "Adaptive",
     "DefinitionError",
     "Retry",
     "RoutingError",
+    "Snapshots",
     "Step",
     "Workflow",
     "WorkflowError",

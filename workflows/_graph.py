@@ -18,6 +18,7 @@ from typing import Any
 
 from workflows._policies import END, END_NAME, NO_RETRY, Retry, _End
 from workflows._reducers import MISSING, Reducer, check_reducer, reducers_of_model, replace
+from workflows._snapshots import Snapshots, snapshots_from
 from workflows._step import Step, is_async_callable
 from workflows.errors import DefinitionError, RoutingError
 
@@ -49,6 +50,8 @@ class Workflow:
         reducers: Mapping[str, Reducer] | None = None,
         max_visits: int = 1000,
         description: str | None = None,
+        snapshots: Snapshots | Mapping[str, Any] | None = None,
+        on_code_change: str = "journal",
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"workflow name must be a non-empty string, got {name!r}")
@@ -60,6 +63,18 @@ class Workflow:
             )
         if not isinstance(max_visits, int) or max_visits < 1:
             raise DefinitionError(f"max_visits must be an integer >= 1, got {max_visits!r}", workflow=name)
+        if on_code_change not in ("journal", "refuse"):
+            raise DefinitionError(f"on_code_change must be 'journal' or 'refuse', got {on_code_change!r}",
+                                  workflow=name)
+        #: what a resume does when a step's code changed since it ran: journal CodeChanged, or refuse
+        self.on_code_change = on_code_change
+        #: declared state migrations: from_version -> (to_version, fn(state) -> state)
+        self.migrations: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
+        try:
+            #: when runs are snapshotted (None: the Orchestrator's default; see docs/checkpoints.md)
+            self.snapshots: Snapshots | None = snapshots_from(snapshots)
+        except DefinitionError as exc:
+            raise DefinitionError(str(exc), workflow=name) from None
         self.name = name
         self.version = version
         self.state_model = state
@@ -171,6 +186,29 @@ class Workflow:
 
         if fn is not None:
             return register(fn)
+        return register
+
+    def migrate(self, *, from_version: str, to_version: str | None = None) -> Callable[..., Any]:
+        """Declare how a run's state written under ``from_version`` becomes a state of ``to_version``
+        (default: this workflow's version): ``@wf.migrate(from_version="1") def up(state): return {...}``.
+        A run started under an older version resumes through the chain of migrations to this one,
+        journaled; without a path the graph-change error stays (see docs/checkpoints.md)."""
+        target = self.version if to_version is None else to_version
+        for label, value in (("from_version", from_version), ("to_version", target)):
+            if not isinstance(value, str) or not value:
+                raise DefinitionError(f"migrate({label}=...) must be a non-empty version string, got {value!r}",
+                                      workflow=self.name)
+        if from_version == target:
+            raise DefinitionError(f"a migration from version {from_version!r} to itself", workflow=self.name)
+        if from_version in self.migrations:
+            raise DefinitionError(f"two migrations from version {from_version!r}", workflow=self.name)
+
+        def register(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+            if not callable(fn):
+                raise DefinitionError(f"migration from version {from_version!r} is not callable", workflow=self.name)
+            self.migrations[from_version] = (target, fn)
+            return fn
+
         return register
 
     def edge(self, source: str | Sequence[str], target: str | _End) -> Workflow:
@@ -289,6 +327,8 @@ class Workflow:
             failure = self.steps[cur].on_failure
             if failure:
                 todo.append(failure)
+        if self.snapshots is not None:
+            self.snapshots.check_gates(self.steps, wf)
         unreachable = [s for s in self.steps if s not in reached]
         if unreachable:
             raise DefinitionError(

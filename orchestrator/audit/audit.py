@@ -6,7 +6,8 @@ delegating to it). It is given the store, the workflow registry, the injected cl
 pending run that ``resume`` drives, and ``gc`` only deletes finished runs.
 
 Reading is pure (invariant 11): ``list_runs``, ``history``, ``summary``, ``verify``, ``report``,
-``stats`` and ``gc(dry_run=True)`` import no code, take no lease and append nothing. A run whose
+``stats`` and ``gc(dry_run=True)`` import no code, take no lease and append nothing (``verify``
+records its verdicts in the checkpoint catalog, never in the journal). A run whose
 workflow is registered is folded with its reducers; any other run is read without code
 (``orchestrator.engine.reading``): its state from the newest verified snapshot plus the events
 after it, its built-in reducers applied as the run recorded them, and the summary says which
@@ -21,10 +22,12 @@ snapshots), ``fork`` (the state before a step), ``gc`` (what retention may delet
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from orchestrator.audit.fork import fork_point
 from orchestrator.audit.gc import GC_STATUSES, GcReport, plan_deletions
@@ -35,11 +38,9 @@ from orchestrator.engine.reading import read_state, reduce_for
 from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.errors import ConfigurationError, RunStateError
 from orchestrator.payload import codec
-from store import RunNotFoundError, RunRecord, Store
+from store import RunNotFoundError, RunRecord, SnapshotInfo, Store
 
 if TYPE_CHECKING:
-    import os
-
     from orchestrator.engine.journal import ActiveRun
 
 __all__ = ["Audit"]
@@ -49,11 +50,13 @@ class Audit:
     """Reading runs (see the module docstring). ``create_run`` is ``Engine.create``, for forks."""
 
     def __init__(self, store: Store, *, workflows: WorkflowRegistry, clock: Callable[[], float],
-                 create_run: Callable[..., ActiveRun | None]) -> None:
+                 create_run: Callable[..., ActiveRun | None],
+                 savepoint: Callable[..., Path] | None = None) -> None:
         self.store = store
         self.workflows = workflows
         self.clock = clock
         self._create_run = create_run
+        self._savepoint = savepoint
 
     def get_run(self, run_id: str) -> RunRecord:
         return self.store.get_run(run_id)
@@ -94,9 +97,11 @@ class Audit:
                                  + ", ".join(sorted(along.replaced)))
         return summary
 
-    def verify(self, run_id: str) -> VerifyReport:
+    def verify(self, run_id: str, *, mark: bool = True) -> VerifyReport:
         """Re-fold the journal and check every snapshot: its sha256, and that it equals the fold at
-        its seq. The report names the seq and what differs; ``report.ok`` is the verdict."""
+        its seq. The report names the seq and what differs; ``report.ok`` is the verdict. With
+        ``mark`` each snapshot's verdict is recorded in the checkpoint catalog (a quarantine set by
+        a person stays)."""
         self.store.get_run(run_id)
         # Snapshots first: each is written with the event at its seq, so every snapshot read now is
         # inside the journal read next, even while the run is being driven.
@@ -107,11 +112,68 @@ class Audit:
         status = rec.status if self.store.last_seq(run_id) == last else None  # moved on: not comparable
         wf = self.workflows.for_run(rec, required=False)
         if wf is not None:
-            return verify_journal(run_id, events, snapshots, reduce=wf.reduce, run_status=status)
-        # Without the code, user state is compared wherever the run's recorded reducers reproduce it.
-        recorded = reduce_for(self.store, run_id)
-        return verify_journal(run_id, events, snapshots, reduce=recorded, run_status=status,
-                              unknown_fields=recorded.unknown)
+            report = verify_journal(run_id, events, snapshots, reduce=wf.reduce, run_status=status)
+        else:
+            # Without the code, user state is compared wherever the run's recorded reducers reproduce it.
+            recorded = reduce_for(self.store, run_id)
+            report = verify_journal(run_id, events, snapshots, reduce=recorded, run_status=status,
+                                    unknown_fields=recorded.unknown)
+        if mark:
+            self._mark(run_id, report)
+        return report
+
+    def _mark(self, run_id: str, report: VerifyReport) -> None:
+        """Record the verdicts in the checkpoint catalog, where they differ from what it holds: the
+        catalog, never the journal, so verifying stays a read of the run's history."""
+        held = {i.seq: (i.validity, i.validity_reason) for i in self.store.snapshot_catalog(run_id)}
+        now = self.clock()
+        for seq, validity, reason in report.verdicts:
+            if seq in held and held[seq] != (validity, reason) and held[seq][0] != "quarantined":
+                self.store.mark_snapshot(run_id, seq, validity, reason=reason, checked_at=now)
+
+    def archive(self, *, older_than: float, to: str | os.PathLike[str]) -> dict[str, Any]:
+        """Move finished runs that ended more than ``older_than`` seconds ago out of the database into
+        savepoint files in ``to`` (``RUN.savepoint.json.gz``, restorable with ``restore``). Each file is
+        written and fsynced before its run is deleted, one run at a time, and the delete is
+        conditional on the run still being finished: a crash at any point loses no run (at worst a run
+        is both in the database and in its file, and archiving again finishes the job). Unfinished
+        runs are never touched."""
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or older_than < 0:
+            raise ConfigurationError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
+        if self._savepoint is None:
+            raise ConfigurationError("archive needs the engine's savepoints (use Orchestrator.archive)")
+        folder = Path(to)
+        if not folder.is_dir():
+            raise ConfigurationError(f"archive: {str(folder)!r} is not a directory")
+        finished = self.store.list_runs(status=GC_STATUSES, limit=None)
+        doomed = plan_deletions(finished, cutoff=self.clock() - older_than)
+        archived: list[dict[str, Any]] = []
+        spared: list[str] = []
+        for rec in reversed(doomed):  # oldest first
+            path = folder / f"{quote(rec.run_id, safe='')}.savepoint.json.gz"
+            try:
+                self._savepoint(rec.run_id, name="archive", path=path)
+            except RunNotFoundError:
+                continue  # deleted by someone else meanwhile
+            if self.store.delete_runs([rec.run_id], statuses=GC_STATUSES):
+                archived.append({"run_id": rec.run_id, "workflow": rec.workflow, "status": rec.status,
+                                 "path": str(path), "bytes": path.stat().st_size})
+            else:  # resumed (rolled back) meanwhile: it stays, and so must not look archived
+                path.unlink(missing_ok=True)
+                spared.append(rec.run_id)
+        return {"archived": archived, "spared": spared, "to": str(folder)}
+
+    def snapshots(self, run_id: str) -> list[SnapshotInfo]:
+        """The run's checkpoint catalog, newest first (metadata and validity, no state)."""
+        return self.store.snapshot_catalog(run_id)
+
+    def quarantine(self, run_id: str, seq: int, *, reason: str) -> None:
+        """Set a snapshot aside by hand: recoveries skip it and say why; ``verify`` keeps the mark."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigurationError("quarantine needs a reason (it is shown wherever the snapshot is skipped)")
+        if not self.store.mark_snapshot(run_id, seq, "quarantined", reason=reason, checked_at=self.clock()):
+            have = ", ".join(str(i.seq) for i in self.store.snapshot_catalog(run_id)) or "none"
+            raise RunStateError(f"run {run_id!r} has no snapshot at seq {seq} (its snapshots: {have})")
 
     def fork(self, parent_id: str, /, *, from_step: str, run_id: str | None = None) -> str:
         """Journal a new pending run whose first state is ``parent_id``'s state just before the

@@ -74,6 +74,10 @@ def headline(kind: str, data: dict[str, Any]) -> str:
                 f"{data.get('replayed')} events replayed")
     if kind == "SnapshotRejected":
         return f"snapshot at seq {data.get('seq')}: {data.get('reason')}"
+    if kind == "SnapshotPolicy":
+        inputs = data.get("inputs") or {}
+        return (f"snapshot every {data.get('every')} events ({data.get('policy')}: {inputs.get('troubled')} of "
+                f"{inputs.get('runs')} recent runs crashed or recovered)")
     if kind in ("RunCompleted",):
         return ""
     if kind == "RunFailed":

@@ -19,6 +19,9 @@ The rules, each reported with the seq it concerns:
   the comparison and a note names them; the scheduler fields are always compared, because folding
   them never calls user code.
 - run row: when either the row or the journal says the run has ended, they say the same end.
+
+Each snapshot's verdict (``VerifyReport.verdicts``) is what ``Audit.verify`` records in the
+checkpoint catalog: ``verified``, ``failed`` or ``quarantined`` (see docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ class VerifyReport:
     snapshots_verified: int
     problems: tuple[VerifyProblem, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    #: ``(seq, validity, reason)`` per snapshot with a verdict: "verified" (hash and the whole fold
+    #: agree), "failed" (its bytes do not verify or decode) or "quarantined" (intact bytes that
+    #: disagree with the journal); a snapshot that could not be compared whole has none
+    verdicts: tuple[tuple[int, str, str | None], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -75,6 +82,8 @@ class VerifyReport:
             "problems": [{"subject": p.subject, "seq": p.seq, "message": p.message,
                           "differences": list(p.differences)} for p in self.problems],
             "notes": list(self.notes),
+            "verdicts": [{"seq": seq, "validity": validity, "reason": reason}
+                         for seq, validity, reason in self.verdicts],
         }
 
     def lines(self) -> list[str]:
@@ -120,12 +129,17 @@ def verify_journal(
     pending = sorted(snapshots, key=lambda s: s.seq)
     last = events[-1].seq if events else 0
     verified = 0
+    # What the catalog should record about each snapshot (see ``VerifyReport.verdicts``).
+    verdicts: dict[int, tuple[str, str | None]] = {}
     for snap in pending:
         problem = snapshot_problem(snap)
         if problem is not None:
             problems.append(VerifyProblem("snapshot", snap.seq, problem))
+            verdicts[snap.seq] = ("failed", problem)
         if snap.seq > last or snap.seq < 1:
-            problems.append(VerifyProblem("snapshot", snap.seq, f"is at seq {snap.seq}, outside the journal (1..{last})"))
+            outside = f"is at seq {snap.seq}, outside the journal (1..{last})"
+            problems.append(VerifyProblem("snapshot", snap.seq, outside))
+            verdicts.setdefault(snap.seq, ("quarantined", outside))
     by_seq = {s.seq: s for s in pending}
     bad_hash = {p.seq for p in problems}
     folded = RunState()
@@ -162,8 +176,12 @@ def verify_journal(
             found = _compare(snap, folded, unknown=unknown_fields)
             if found is not None:
                 problems.append(found)
+                undecodable = "does not decode" in found.message or "not a run state" in found.message
+                verdicts.setdefault(seq, ("failed" if undecodable else "quarantined", found.message))
             elif seq not in bad_hash:
                 verified += 1
+                if unknown_fields is not None and not unknown_fields:  # compared whole: trusted
+                    verdicts[seq] = ("verified", None)
     if stopped is not None:
         later = [s.seq for s in pending if s.seq >= stopped]
         if later:
@@ -176,7 +194,8 @@ def verify_journal(
         problems.append(VerifyProblem("run", None, f"the run row's status is {run_status!r} but the journal "
                                                    f"folds to {folded.status!r}"))
     return VerifyReport(run_id=run_id, events=len(events), snapshots=len(pending), snapshots_verified=verified,
-                        problems=tuple(problems), notes=tuple(notes))
+                        problems=tuple(problems), notes=tuple(notes),
+                        verdicts=tuple((seq, *verdicts[seq]) for seq in sorted(verdicts)))
 
 
 def _compare(snap: SnapshotRecord, folded: RunState, *, unknown: frozenset[str] | None) -> VerifyProblem | None:

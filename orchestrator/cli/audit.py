@@ -1,4 +1,5 @@
-"""The CLI's audit verbs: ``show``, ``history``, ``verify``, ``fork``, ``report`` and ``gc``.
+"""The CLI's audit verbs: ``show``, ``history``, ``verify``, ``snapshots``, ``savepoint``, ``restore``,
+``fork``, ``report`` and ``gc``.
 
 Every string that comes from a journal goes through ``safe`` (or ``json_line`` for ``--json``)
 before it reaches the terminal: an LLM's output can hold escape sequences that would rewrite it.
@@ -172,12 +173,89 @@ def cmd_history(args: argparse.Namespace) -> int:
 # -- verify ----------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     with open_reader(args) as orc:
-        report = orc.verify(args.run_id)
+        report = orc.verify(args.run_id, mark=not args.no_mark)
     if args.json:
         print(json_line(report.to_json()))
     else:
         print("\n".join(safe(line) for line in report.lines()))
+        if report.verdicts:
+            done = "not recorded (--no-mark)" if args.no_mark else "recorded in the catalog"
+            print(f"catalog ({done}): " + ", ".join(f"seq {seq} {validity}" for seq, validity, _ in report.verdicts))
     return 0 if report.ok else VERIFY_FAILED
+
+
+# -- snapshots -------------------------------------------------------------------------------------
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    with open_reader(args) as orc:
+        if args.quarantine is not None:
+            if not args.reason:
+                raise UsageError("--quarantine SEQ needs --reason TEXT")
+            orc.quarantine(args.run_id, args.quarantine, reason=args.reason)
+        catalog = orc.snapshots(args.run_id)
+    if args.json:
+        for info in catalog:
+            print(json_line({f: getattr(info, f) for f in info.__slots__}))
+        return 0
+    rows = [[info.seq, info.trigger, when(info.created_at), "-" if info.size_bytes is None else f"{info.size_bytes:,}",
+             info.validity, safe(f"{info.workflow}@{info.version}"), info.fingerprint[:12] or "-",
+             info.config_hash[:8] or "-", info.python_version or "-", info.agentsaga_version or "-"]
+            for info in catalog]
+    if not rows:
+        print(f"run {safe(args.run_id)} has no snapshots")
+        return 0
+    print(table(["SEQ", "TRIGGER", "CREATED (UTC)", "BYTES", "VALIDITY", "WORKFLOW", "FINGERPRINT", "CONFIG",
+                 "PYTHON", "AGENTSAGA"], rows, max_width=140))
+    for info in catalog:
+        if info.validity_reason:
+            print(f"seq {info.seq} {info.validity} at {when(info.checked_at)}: {safe(info.validity_reason)}")
+    return 0
+
+
+# -- savepoint / restore ---------------------------------------------------------------------------
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    out = args.out or f"{args.run_id}.{args.name}.savepoint.json.gz"
+    with open_reader(args) as orc:
+        path = orc.savepoint(args.run_id, name=args.name, path=out)
+        signed = orc.engine.config.signing_key is not None
+    size = path.stat().st_size
+    if args.json:
+        print(json_line({"run_id": args.run_id, "name": args.name, "path": str(path), "bytes": size, "signed": signed}))
+    else:
+        print(f"wrote savepoint {safe(args.name)} of run {safe(args.run_id)} to {safe(path)} ({size:,} bytes"
+              f"{', signed' if signed else ''})")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    with open_orchestrator(args, app=True) as orc:
+        run_id = orc.restore(args.file)
+        rec = orc.get_run(run_id)
+    if args.json:
+        print(json_line({"run_id": run_id, "status": rec.status, "workflow": rec.workflow}))
+    else:
+        print(f"restored run {safe(run_id)} ({safe(rec.workflow)}, {rec.status}) into {safe(orc.store.url)}")
+        if rec.status == "pending":
+            print(f"continue it with: agentsaga resume {safe(run_id)}")
+    return 0
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    older = parse_duration(args.older_than, "--older-than")
+    if older is None:
+        raise UsageError("archive needs --older-than DURATION (e.g. 30d)")
+    with open_reader(args) as orc:
+        report = orc.archive(older_than=older, to=args.to)
+    if args.json:
+        print(json_line(report))
+        return 0
+    for row in report["archived"]:
+        print(f"archived run {safe(row['run_id'])} ({safe(row['workflow'])}, {row['status']}) to "
+              f"{safe(row['path'])} ({row['bytes']:,} bytes)")
+    for run_id in report["spared"]:
+        print(f"spared run {safe(run_id)}: it was resumed while being archived")
+    print(f"{len(report['archived'])} run(s) archived to {safe(report['to'])}; restore one with: "
+          "agentsaga restore FILE --app APP")
+    return 0
 
 
 # -- fork ------------------------------------------------------------------------------------------
@@ -260,6 +338,26 @@ def add_audit_verbs(verb: Verb) -> None:
 
     p = verb("verify", cmd_verify, "re-fold the journal and check every snapshot against it (exit 3 if not)")
     p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--no-mark", action="store_true", help="do not record the verdicts in the snapshot catalog")
+
+    p = verb("snapshots", cmd_snapshots, "a run's checkpoint catalog: trigger, seq, time, code, size, validity")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--quarantine", type=int, metavar="SEQ", help="set the snapshot at SEQ aside (recovery skips it)")
+    p.add_argument("--reason", metavar="TEXT", help="why (with --quarantine)")
+
+    p = verb("savepoint", cmd_savepoint, "write a run as a named, portable savepoint file (signed with "
+                                         "$AGENTSAGA_SIGNING_KEY when set)")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--name", required=True, metavar="NAME", help="the savepoint's name")
+    p.add_argument("--out", metavar="FILE", help="where to write it (default: RUN.NAME.savepoint.json.gz)")
+
+    p = verb("restore", cmd_restore, "bring a savepoint file's run into the database (all or nothing)")
+    p.add_argument("file", metavar="FILE")
+    add_app_flag(p)
+
+    p = verb("archive", cmd_archive, "move finished runs older than a duration into savepoint files")
+    p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 30d, 12h (finished that long ago)")
+    p.add_argument("--to", required=True, metavar="DIR", help="the directory the files are written to")
 
     p = verb("fork", cmd_fork, "start a new run from the state a run had before one of its steps")
     p.add_argument("run_id", metavar="RUN")

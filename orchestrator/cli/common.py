@@ -161,13 +161,19 @@ def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *
         registered += [wf for wf in app_workflows(args) if not any(wf is w for w in registered)]
     progress = getattr(args, "progress", False) or (hasattr(args, "progress") and sys.stderr.isatty())
     return Orchestrator(args.db, workflows=registered, redact=config.redact_patterns,
-                        redact_fields=config.redact_fields, observers=[Progress(sys.stderr)] if progress else ())
+                        redact_fields=config.redact_fields, observers=[Progress(sys.stderr)] if progress else (),
+                        signing_key=signing_key())
+
+
+def signing_key() -> str | None:
+    """The savepoint signing key from ``AGENTSAGA_SIGNING_KEY`` (never a flag: it would show in ``ps``)."""
+    return os.environ.get("AGENTSAGA_SIGNING_KEY") or None
 
 
 def open_reader(args: argparse.Namespace) -> Orchestrator:
     """The Orchestrator a reading verb works with: no workflow, no app imported (invariant 11)."""
     _require_database(args)
-    return Orchestrator(args.db)
+    return Orchestrator(args.db, signing_key=signing_key())
 
 
 def _require_database(args: argparse.Namespace) -> None:

@@ -213,4 +213,17 @@ def format_stats(s: Stats) -> str:
         out.append(table(["STEP", "COUNT", "P50", "P90", "P99", "MAX"],
                          [[safe(name), v["count"], _ms(v["p50"]), _ms(v["p90"]), _ms(v["p99"]), _ms(v["max"])]
                           for name, v in s.by_step.items()]))
+    out += ["", f"CHECKPOINTS (snapshots held; recoveries of the last {s.latency_runs} runs)"]
+    if s.checkpoints:
+        rows = []
+        for name, c in s.checkpoints.items():
+            held = ", ".join(f"{t} {v['count']}" for t, v in sorted(c["snapshots"].items())) or "-"
+            rate = "-" if c["recovery_success_rate"] is None else f"{c['recovery_success_rate']:.0%}"
+            rep = c["replayed"]
+            rows.append([safe(name), held, f"{c['snapshot_bytes']:,}", c["verification_failures"], c["recoveries"],
+                         rate, "-" if rep["mean"] is None else f"{rep['mean']} / {rep['max']}"])
+        out.append(table(["WORKFLOW", "SNAPSHOTS BY TRIGGER", "BYTES", "BAD", "RECOVERIES", "SUCCESS",
+                          "REPLAYED MEAN / MAX"], rows))
+    else:
+        out.append("no snapshots or recoveries")
     return "\n".join(out)

@@ -21,10 +21,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from compensations import Compensations
 from orchestrator.engine import rollback
+from orchestrator.engine.code_changes import changed_steps, migrate_state, migration_path
 from orchestrator.engine.driver import Driver
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator.engine.events import EventKind
@@ -37,9 +39,17 @@ from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.result import RunResult
 from orchestrator.engine.saga import SagaRunner, has_pending_effects
 from orchestrator.engine.services import ToolsForSteps
-from orchestrator.engine.snapshots import make_snapshot, restore_run
+from orchestrator.engine import savepoints
+from orchestrator.engine.snapshots import AGENTSAGA_VERSION, make_snapshot, restore_run, snapshot_problem
 from orchestrator.engine.steps import StepRunner
-from orchestrator.errors import ConfigurationError, GraphChangedError, RunStateError
+from orchestrator.errors import (
+    CodeChangedError,
+    ConfigurationError,
+    GraphChangedError,
+    MigrationError,
+    RunStateError,
+    SavepointError,
+)
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor, Redactor
 from store import ConflictError, DuplicateRunError, LeaseHeldError, NewEvent, RunRecord, Store, StoreError
@@ -66,6 +76,8 @@ class EngineConfig:
     #: how often held leases are renewed (None: lease_ttl / 3)
     heartbeat: float | None = None
     allow_graph_change: bool = False
+    #: the HMAC key savepoints are signed with, and that a savepoint must be signed with to be restored
+    signing_key: bytes | None = None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rng: random.Random = field(default_factory=random.Random)
@@ -115,11 +127,15 @@ class Engine:
         text = self.journal.redact(codec.dumps(data, what=what))  # the input is a door too (invariant 9)
         cfg = self.config
         now = cfg.clock()
+        events = [NewEvent(seq=1, kind=EventKind.RUN_STARTED, data=text, at=now)]
+        choice = self.choose_interval(wf, now)
+        if choice is not None:
+            events.append(NewEvent(seq=2, kind=EventKind.SNAPSHOT_POLICY, data=codec.dumps(choice), at=now))
         try:
             token = self.store.create_run(
                 run_id=rid, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
                 target="", created_at=now, status="running" if lease else "pending",
-                events=[NewEvent(seq=1, kind=EventKind.RUN_STARTED, data=text, at=now)],
+                events=events,
                 lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
                 parent_run_id=parent["run_id"] if parent else None,
                 **placement,  # queue, priority, dedup_key (enqueue)
@@ -133,8 +149,24 @@ class Engine:
                     f"run {run_id!r} already exists for workflow {existing.workflow!r}, not {wf.name!r}"
                 ) from None
             return None
-        folded = fold([(1, EventKind.RUN_STARTED, codec.loads(text))], wf.reduce)
-        return ActiveRun(rid, wf, token, folded, 0)
+        folded = fold(((e.seq, e.kind, codec.loads(e.data)) for e in events), wf.reduce)
+        return ActiveRun(rid, wf, token, folded, 0, snapshot_at=now, every=choice["every"] if choice else None)
+
+    def choose_interval(self, wf: Workflow, now: float) -> dict[str, Any] | None:
+        """An adaptive snapshot policy's choice for a run of ``wf`` starting or resuming now, with its
+        inputs (the ``SnapshotPolicy`` event's data); None when the policy is not adaptive."""
+        adaptive = self.journal.policy(wf).adaptive
+        if adaptive is None:
+            return None
+        recent = self.store.list_runs(workflow=wf.name, limit=adaptive.window)
+        # Troubled: taken over after its owner died, or lying crashed (active, its lease expired).
+        troubled = sum(1 for r in recent if r.recoveries > 0 or (
+            r.status in ACTIVE_STATUSES and r.lease_owner is not None and (r.lease_expires_at or 0) < now))
+        every = adaptive.choose(len(recent), troubled)
+        rate = troubled / len(recent) if recent else 0.0
+        return {"every": every, "policy": "adaptive", "bounds": [adaptive.min_every, adaptive.max_every],
+                "inputs": {"window": adaptive.window, "runs": len(recent), "troubled": troubled,
+                           "rate": round(rate, 4), "full_at": adaptive.full_at}}
 
     # -- reading and restoring -------------------------------------------------------------------
     def restore(self, run_id: str, wf: Workflow | None) -> tuple[RunState, int, list[tuple[int, str]]]:
@@ -202,13 +234,37 @@ class Engine:
                             allow_graph_change: bool | None = None) -> RunResult:
         """Restore a run whose lease this process holds (``token``), journal ``Resumed``, drive it."""
         wf = workflow
+        rec = self.store.get_run(run_id)
         if wf is None:
-            rec = self.store.get_run(run_id)
             wf = self.workflows.for_run(rec)
             assert wf is not None
             self.check_graph(rec, wf, allow_graph_change)
         folded, snap_seq, rejected = self.restore(run_id, wf)
-        run = ActiveRun(run_id, wf, token, folded, snap_seq)
+        migrated: tuple[str, str] | None = None
+        upgrade: dict[str, Any] | None = None
+        changed: dict[str, dict[str, str]] = {}
+        try:
+            if rec.version != wf.version and migration_path(wf, rec.version) is not None:
+                state, names = migrate_state(run_id, wf, folded.state, rec.version)
+                upgrade = {"from": rec.version, "to": wf.version, "migrations": names, "state": state}
+                migrated = (wf.version, wf.fingerprint)
+            changed = changed_steps(folded.code, wf)
+            if changed and wf.on_code_change == "refuse" and upgrade is None:  # a migration declares the change
+                raise CodeChangedError(
+                    f"run {run_id!r}: the code of step(s) {', '.join(sorted(changed))} of workflow {wf.name!r} changed "
+                    "since they ran, and the workflow refuses to mix old and new results (on_code_change='refuse'); "
+                    "restore the old code, or declare on_code_change='journal' to continue",
+                    changed=changed)
+        except (MigrationError, CodeChangedError):
+            try:
+                self.store.leases.release(run_id, token=token, now=self.config.clock())
+            except StoreError:
+                pass  # fenced or gone meanwhile: the lease is not ours to give back
+            raise
+        now = self.config.clock()
+        choice = self.choose_interval(wf, now)
+        run = ActiveRun(run_id, wf, token, folded, snap_seq, snapshot_at=now,
+                        every=choice["every"] if choice else None)
         missing = [s for s in {*folded.frontier, *folded.done, *folded.visits} if s not in wf.steps]
         if missing:
             raise GraphChangedError(
@@ -221,7 +277,19 @@ class Engine:
         # The fencing token is called "lease": a field named "token" reads as a secret to the redactor.
         batch.append((EventKind.RESUMED, {"owner": self.config.owner, "lease": token,
                                   "snapshot_seq": snap_seq, "replayed": folded.seq - snap_seq}))
-        self.journal.commit(run, batch)
+        if choice is not None:
+            batch.append((EventKind.SNAPSHOT_POLICY, choice))
+        if changed:
+            batch.append((EventKind.CODE_CHANGED, {"steps": changed, "policy": wf.on_code_change}))
+            _log.warning("run %s: step code changed since it ran: %s", run_id, ", ".join(sorted(changed)))
+        if upgrade is not None:
+            batch.append((EventKind.MIGRATED, upgrade))
+        self.journal.commit(run, batch, workflow_version=migrated)
+        for seq, why in rejected:
+            # The catalog remembers the verdict, so the next recovery skips it unread (an earlier
+            # verdict, a person's quarantine included, stands).
+            self.store.mark_snapshot(run_id, seq, "failed", reason=why, checked_at=self.config.clock(),
+                                     keep_bad=True)
         return await self.drive(run)
 
     async def recover(self, *, limit: int | None = None) -> list[RunResult]:
@@ -261,12 +329,15 @@ class Engine:
         cfg = self.config
         token = self.store.leases.acquire(rec.run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(), force=True)
         folded, snap_seq, _ = self.restore(rec.run_id, wf)
-        return ActiveRun(rec.run_id, wf, token, folded, snap_seq)
+        return ActiveRun(rec.run_id, wf, token, folded, snap_seq, snapshot_at=cfg.clock())
 
     def check_graph(self, rec: RunRecord, wf: Workflow, allow: bool | None) -> None:
-        """Refuse to continue a run whose workflow's graph or version changed, unless allowed."""
+        """Refuse to continue a run whose workflow's graph or version changed, unless allowed, or
+        unless the workflow declares a migration path from the run's version."""
         if rec.fingerprint == wf.fingerprint and rec.version == wf.version:
             return
+        if rec.version != wf.version and migration_path(wf, rec.version) is not None:
+            return  # the declared migration is the compatibility (drive_claimed applies it)
         first = self.store.events(rec.run_id, after_seq=0, until_seq=1)
         old_graph = codec.loads(first[0].data).get("graph", {}) if first else {}
         diffs = graph_differences(old_graph, wf.describe())
@@ -351,17 +422,69 @@ class Engine:
         """Write a snapshot of the run now (on demand) and return its seq (see ``Orchestrator.snapshot``)."""
         rec = self.store.get_run(run_id)
         # A snapshot is trusted by recoveries: fold it with the workflow's own reducers, never without.
-        folded = self.restore(run_id, self.workflows.for_run(rec))[0]
+        wf = self.workflows.for_run(rec)
+        assert wf is not None
+        folded = self.restore(run_id, wf)[0]
         cfg = self.config
-        snap = make_snapshot(folded, "on_demand", cfg.clock())
-        if any(s.seq == snap.seq for s in self.store.snapshots(run_id)):
+        snap = make_snapshot(folded, "on_demand", cfg.clock(), self.journal.snapshot_meta(wf))
+        if any(s.seq == snap.seq for s in self.store.snapshot_catalog(run_id)):
             return snap.seq
         try:
             self.store.append(run_id, [], token=rec.lease_token, now=cfg.clock(), snapshot=snap,
-                              keep_snapshots=cfg.keep_snapshots)
+                              keep_snapshots=self.journal.policy(wf).keep)
         except ConflictError:
             pass  # the driving process wrote one at this seq first
         return snap.seq
+
+
+    # -- savepoints ------------------------------------------------------------------------------
+    def savepoint(self, run_id: str, *, name: str, path: str | os.PathLike[str]) -> Path:
+        """Write the run as a savepoint file (see ``engine/savepoints.py``): its row, its newest
+        snapshot that verifies, its whole journal, a hash chain, signed when a key is configured."""
+        # The catalog and snapshot first, then the journal: a snapshot is written with the event at
+        # its seq, so the journal read afterwards always holds it, even while the run is driven.
+        snapshot = None
+        for info in self.store.snapshot_catalog(run_id):
+            if info.validity in ("failed", "quarantined"):
+                continue
+            found = self.store.snapshot(run_id, info.seq)
+            if found is not None and snapshot_problem(found) is None:
+                snapshot = found
+                break
+        events = self.store.events(run_id)
+        rec = self.store.get_run(run_id)
+        doc = savepoints.build_savepoint(name, rec, snapshot, events, now=self.config.clock(),
+                                         agentsaga_version=AGENTSAGA_VERSION, key=self.config.signing_key)
+        return savepoints.write_savepoint(Path(path), doc)
+
+    def restore_savepoint(self, path: str | os.PathLike[str]) -> str:
+        """Bring a savepoint's run into this database (all or nothing); return its run id."""
+        point = savepoints.read_savepoint(Path(path), key=self.config.signing_key)
+        run = point.run
+        wf = self.workflows.get(run["workflow"])
+        if wf is None:
+            known = ", ".join(sorted(self.workflows.names())) or "none"
+            raise SavepointError(f"savepoint {str(path)!r} holds a run of workflow {run['workflow']!r}, which is not "
+                                 f"registered here (registered: {known}); register it (--app) to restore the run")
+        now = self.config.clock()
+        restored = {"savepoint": point.name, "head": point.head, "signed": point.signed,
+                    "created_at": point.created_at, "snapshot_seq": point.snapshot.seq if point.snapshot else 0,
+                    "owner": self.config.owner}
+        events = [*point.events, NewEvent(seq=len(point.events) + 1, kind=EventKind.RESTORED,
+                                          data=codec.dumps(restored), at=now)]
+        # An unfinished run arrives unleased and pending: `resume RUN`, `recover` or a worker
+        # continues it from the journal (its waits and timers are journaled, not kept on the row).
+        status = "pending" if run["status"] in ACTIVE_STATUSES else run["status"]
+        try:
+            self.store.create_run(
+                run_id=run["run_id"], workflow=run["workflow"], version=run["version"],
+                fingerprint=run["fingerprint"], target="", created_at=run["created_at"], events=events,
+                status=status, parent_run_id=run["parent_run_id"], snapshot=point.snapshot,
+                finished_at=run["finished_at"], error=run["error"])
+        except DuplicateRunError:
+            raise SavepointError(f"savepoint {str(path)!r}: run {run['run_id']!r} already exists in this database; "
+                                 "nothing was written") from None
+        return run["run_id"]
 
 
 def owner_is_dead(owner: str | None) -> bool:

@@ -20,6 +20,10 @@ class EventKind:
     RUN_STARTED: Final = "RunStarted"            # workflow, version, graph, input, start steps
     RESUMED: Final = "Resumed"                   # a process took the run over (owner, lease, snapshot used)
     SNAPSHOT_REJECTED: Final = "SnapshotRejected"  # a snapshot failed verification and was skipped
+    SNAPSHOT_POLICY: Final = "SnapshotPolicy"    # an adaptive policy chose the run's snapshot interval (and why)
+    RESTORED: Final = "Restored"                 # the run was brought into this database from a savepoint
+    CODE_CHANGED: Final = "CodeChanged"          # on resume: steps whose code differs from the code that ran
+    MIGRATED: Final = "Migrated"                 # the state was migrated to a new workflow version
     RUN_COMPLETED: Final = "RunCompleted"
     RUN_FAILED: Final = "RunFailed"
     RUN_CANCELLED: Final = "RunCancelled"

@@ -70,6 +70,8 @@ class RunState:
     timers: dict[str, float] = field(default_factory=dict)
     #: when the next attempt of a failed step may start (its journaled backoff): step -> epoch seconds
     retry_at: dict[str, float] = field(default_factory=dict)
+    #: the hash of each step's code as it first ran in this run (or as a CodeChanged accepted): step -> hash
+    code: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,6 +96,7 @@ class RunState:
             "received": self.received,
             "timers": self.timers,
             "retry_at": self.retry_at,
+            "code": self.code,
         }
 
     @classmethod
@@ -114,6 +117,16 @@ def _run_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduc
     run.status = "running"
     run.state = dict(data.get("input") or {})
     run.frontier = list(data["start"])
+    run.state_seq = seq
+
+
+def _code_changed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    for step, change in data["steps"].items():
+        run.code[step] = change["now"]
+
+
+def _migrated(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    run.state = dict(data["state"])
     run.state_seq = seq
 
 
@@ -144,6 +157,8 @@ def _step_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Re
                                for e in mine]
             run.effects = [e for e in run.effects if not any(e is m for m in mine)]
         run.effects.append(record)
+    if "code" in data:
+        run.code[step] = data["code"]
     run.done[step] = {"update": data["update"], "next": list(data["next"]), "join": data.get("join")}
     run.failures.pop(step, None)
     run.in_flight.pop(step, None)
@@ -339,6 +354,10 @@ _APPLY: dict[str, Callable[[RunState, int, Mapping[str, Any], Reduce], None]] = 
     EventKind.RUN_STARTED: _run_started,
     EventKind.RESUMED: _resumed,
     EventKind.SNAPSHOT_REJECTED: _no_change,
+    EventKind.SNAPSHOT_POLICY: _no_change,
+    EventKind.RESTORED: _no_change,
+    EventKind.CODE_CHANGED: _code_changed,
+    EventKind.MIGRATED: _migrated,
     EventKind.RUN_COMPLETED: _run_ended("completed"),
     EventKind.RUN_FAILED: _run_ended("failed"),
     EventKind.RUN_CANCELLED: _run_ended("cancelled"),

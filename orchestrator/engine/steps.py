@@ -24,6 +24,7 @@ from typing import Any
 from compensations import Compensations, resolve_check, resolve_compensation
 from orchestrator.engine.context import StepContext, running
 from orchestrator.engine.durable import DurableExecution, Suspend
+from orchestrator.engine.code_changes import step_code
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.engine.retries import StopAttempts, attempts, with_timeout
@@ -191,6 +192,8 @@ class StepRunner:
             data["effect"] = True
             data["key"] = key
             data["compensable"] = resolve_compensation(step, self.compensations) is not None
+        if name not in run.folded.code:
+            data["code"] = step_code(step.fn)  # the code that ran, recorded at its first completion
         try:
             self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
         except EncodingError:

@@ -7,6 +7,8 @@ CRASH says where the process SIGKILLs itself:
     after:STEP:N   right after the transaction holding STEP's N-th completion has committed
     branch         inside 'right' once 'left' (its parallel sibling) has committed its completion
     snapshot       right after the first transaction that wrote a snapshot
+    in-snapshot    inside the first transaction that writes a snapshot: its row is inserted, the
+                   transaction (the events with it) is not committed
     none           run to the end
 """
 
@@ -115,6 +117,17 @@ def main(argv: list[str]) -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
 
     orc.store.append = append  # type: ignore[method-assign]
+    if CRASH == "in-snapshot":
+        dialect = orc.store._d  # the crash point is inside the store's transaction
+        real_execute = dialect.execute
+
+        def execute(conn, sql, params):
+            done = real_execute(conn, sql, params)
+            if sql.startswith("INSERT INTO agentsaga_snapshots"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return done
+
+        dialect.execute = execute
     result = orc.run(wf, {"round": 0}, run_id=run_id)
     print(result.status)
     return 0

@@ -76,6 +76,37 @@ def test_sigkill_then_resume_runs_each_completed_step_once(db_url, tmp_path, ref
     assert [e["kind"] for e in history].count("Resumed") == 1
 
 
+def test_sigkill_inside_a_snapshot_write_loses_the_whole_transaction_and_nothing_else(db_url, tmp_path,
+                                                                                       reference_state, monkeypatch):
+    # Given a run whose process is killed inside the first transaction that writes a snapshot,
+    # after the snapshot row was inserted and before the commit
+    ledger = tmp_path / "ledger"
+    killed = run_child(db_url, "ins", ledger, "in-snapshot")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    monkeypatch.setenv("CRASHFLOW_LEDGER", str(ledger))
+    with Orchestrator(db_url, workflows=load_app(str(CHILD))) as orc:
+        # Then neither the snapshot nor the events it was written with were kept: no snapshot, and
+        # the journal still verifies
+        assert orc.snapshots("ins") == []
+        before = orc.history("ins")
+        assert orc.verify("ins", mark=False).ok
+        # When a new process resumes it
+        result = orc.resume("ins")
+        history = orc.history("ins")
+        catalog = orc.snapshots("ins")
+    # Then it completes as an uninterrupted run, and its snapshots verify
+    assert result.status == "completed", result.error
+    assert result.state == reference_state
+    assert catalog and all(s.validity == "unchecked" for s in catalog)
+    # And exactly one step ran twice: the one whose completion died with the snapshot's transaction
+    completed = Counter(e["data"]["step"] for e in history if e["kind"] == "StepCompleted")
+    executed = Counter(ledger.read_text().split())
+    twice = executed - completed
+    assert sum(twice.values()) == 1, (executed, completed)
+    lost = next(iter(twice))
+    assert Counter(e["data"]["step"] for e in before if e["kind"] == "StepCompleted")[lost] < completed[lost]
+
+
 def test_running_the_same_program_again_after_a_crash_continues_the_run(db_url, tmp_path, reference_state,
                                                                         monkeypatch):
     # Given a run whose process was killed with SIGKILL while it held the run's (30 s) lease

@@ -268,7 +268,7 @@ def test_opening_an_up_to_date_database_needs_no_write_lock(sqlite_url):
 
 
 def test_older_schema_runs_registered_migrations_once(db_url, raw_sql, monkeypatch):
-    # Given a version-1 database, and this code at version 2 with a migration from 1
+    # Given a database at this version, and this code one version later with a migration to it
     open_store(db_url).close()
     calls: list[str] = []
 
@@ -276,15 +276,15 @@ def test_older_schema_runs_registered_migrations_once(db_url, raw_sql, monkeypat
         calls.append(dialect_name)
         execute("CREATE TABLE agentsaga_notes (note TEXT)")
 
-    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(schema_module.MIGRATIONS, 1, add_notes)
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setitem(schema_module.MIGRATIONS, SCHEMA_VERSION, add_notes)
     # When it is opened twice
     open_store(db_url).close()
     open_store(db_url).close()
     # Then the migration ran once, and the database records version 2
     assert len(calls) == 1
     assert raw_sql("SELECT COUNT(*) FROM agentsaga_notes") == [(0,)]
-    assert raw_sql("SELECT value FROM agentsaga_meta WHERE key = 'schema_version'") == [("2",)]
+    assert raw_sql("SELECT value FROM agentsaga_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION + 1),)]
 
 
 def test_damaged_version_row_is_a_store_error(db_url, raw_sql):

@@ -12,7 +12,7 @@ from store import Store, open_store
 
 STORE_METHODS = {
     "create_run", "get_run", "list_runs", "count_by_status", "append", "events", "last_seq",
-    "snapshots", "snapshot", "prune_snapshots", "delete_runs", "info", "close", "url", "dialect",
+    "snapshots", "snapshot", "snapshot_catalog", "mark_snapshot", "prune_snapshots", "delete_runs", "info", "close", "url", "dialect",
 }
 PARTS = {
     "leases": {"acquire", "renew", "renew_many", "release"},
@@ -22,7 +22,8 @@ PARTS = {
     "breakers": {"get", "compare_and_set"},
     "slots": {"acquire", "renew", "release", "held"},
     "failures": {"record", "for_run", "dead_letter", "revive"},
-    "stats": {"queue_depths", "recovery_totals", "recent_event_data", "failure_counts"},
+    "stats": {"queue_depths", "recovery_totals", "recent_event_data", "failure_counts", "snapshot_totals",
+              "recent_event_data_by_workflow", "failed_recoveries_by_workflow"},
 }
 
 

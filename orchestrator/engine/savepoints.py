@@ -1,0 +1,194 @@
+"""Savepoints: a run as one portable, self-contained, verifiable file, and bringing it back.
+
+A savepoint is gzip-compressed JSON (see docs/checkpoints.md for every field)::
+
+    {"format": "agentsaga-savepoint", "format_version": 1, "name", "created_at", "agentsaga_version",
+     "run": {run_id, workflow, version, fingerprint, status, created_at, finished_at, error, parent_run_id},
+     "snapshot": {seq, state, sha256, schema_version, trigger, created_at} | null,
+     "count": N, "header": "<sha256>", "events": [{"seq", "kind", "at", "data", "link"}, ...],
+     "head": "<sha256>", "signature": "<hmac-sha256 hex>" | null}
+
+The hash chain: ``header`` (link 0) is the sha256 of the canonical header (format, name, run,
+snapshot and ``count``, the number of events); each event's ``link`` is
+``sha256(previous link + canonical event)``; ``head`` is the last link. Reading a savepoint recomputes the chain and names the first link that
+does not match (the header, or an event's seq), so an accident (a truncated copy, a flipped byte,
+an edited event) is refused before anything is written. A hash detects accidents, not intent:
+whoever edits a file can recompute the chain. With a signing key the head is signed (HMAC-SHA256),
+and a reader with the key refuses an unsigned or wrongly signed file.
+
+The events are the run's whole journal (the journal alone is the truth, and the target's history,
+verify and rollback need it); the snapshot lets the target resume without folding them all.
+Restoring writes the run row, every event and the snapshot in one transaction, then journals a
+``Restored`` event: the target either holds the whole run or nothing of it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import hmac
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.engine.snapshots import SNAPSHOT_SCHEMA, snapshot_problem
+from orchestrator.errors import SavepointError
+from store import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Savepoint", "build_savepoint", "read_savepoint", "write_savepoint"]
+
+FORMAT = "agentsaga-savepoint"
+#: The layout this code writes and reads; a file of a newer layout is refused, never guessed at.
+FORMAT_VERSION = 1
+
+_RUN_FIELDS = ("run_id", "workflow", "version", "fingerprint", "status", "created_at", "finished_at", "error",
+               "parent_run_id")
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _header(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"format": doc.get("format"), "format_version": doc.get("format_version"), "name": doc.get("name"),
+            "created_at": doc.get("created_at"), "agentsaga_version": doc.get("agentsaga_version"),
+            "run": doc.get("run"), "snapshot": doc.get("snapshot"), "count": doc.get("count")}
+
+
+def _link(previous: str, event: dict[str, Any]) -> str:
+    body = {"seq": event.get("seq"), "kind": event.get("kind"), "at": event.get("at"), "data": event.get("data")}
+    return hashlib.sha256(previous.encode() + _canonical(body)).hexdigest()
+
+
+def _sign(key: bytes, head: str) -> str:
+    return hmac.new(key, head.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Savepoint:
+    """A savepoint as read and verified: its name, the run's row fields, snapshot and journal."""
+
+    name: str
+    created_at: float
+    run: dict[str, Any]
+    snapshot: NewSnapshot | None
+    events: list[NewEvent]
+    head: str
+    signed: bool
+
+    @property
+    def run_id(self) -> str:
+        return self.run["run_id"]
+
+
+def build_savepoint(name: str, rec: RunRecord, snapshot: SnapshotRecord | None, events: list[EventRecord], *,
+                    now: float, agentsaga_version: str, key: bytes | None) -> dict[str, Any]:
+    """The savepoint document of a run: ``events`` its whole journal, ``snapshot`` its newest verified one."""
+    if not isinstance(name, str) or not name.strip():
+        raise SavepointError(f"a savepoint needs a name, got {name!r}")
+    doc: dict[str, Any] = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "name": name, "created_at": now,
+        "agentsaga_version": agentsaga_version,
+        "run": {f: getattr(rec, f) for f in _RUN_FIELDS},
+        "snapshot": None if snapshot is None else {
+            "seq": snapshot.seq, "state": snapshot.state, "sha256": snapshot.sha256,
+            "schema_version": snapshot.schema_version, "trigger": snapshot.trigger, "created_at": snapshot.created_at},
+        "events": [{"seq": e.seq, "kind": e.kind, "at": e.at, "data": e.data} for e in events],
+    }
+    doc["count"] = len(doc["events"])
+    link = doc["header"] = hashlib.sha256(_canonical(_header(doc))).hexdigest()
+    for event in doc["events"]:
+        link = event["link"] = _link(link, event)
+    doc["head"] = link
+    doc["signature"] = _sign(key, link) if key is not None else None
+    return doc
+
+
+def write_savepoint(path: Path, doc: dict[str, Any]) -> Path:
+    """Write ``doc`` compressed to ``path`` (a temporary file, fsynced, renamed into place: never half a file)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    data = gzip.compress(_canonical(doc))
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())  # durable before the rename, and before an archive deletes the run
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SavepointError(f"cannot write savepoint {str(path)!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def read_savepoint(path: Path, *, key: bytes | None) -> Savepoint:
+    """Read, decompress and verify a savepoint file; ``SavepointError`` names what is wrong."""
+    where = f"savepoint {str(path)!r}"
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise SavepointError(f"cannot read {where}: {exc.strerror or exc}") from None
+    try:
+        text = gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise SavepointError(f"{where} is truncated or not a savepoint (it does not decompress: {exc})") from None
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SavepointError(f"{where} is truncated or damaged (its JSON does not parse: {exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise SavepointError(f"{where} is not an agentsaga savepoint (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+    version = doc.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise SavepointError(f"{where} has format version {version!r}; this agentsaga reads version {FORMAT_VERSION} "
+                             "(a newer agentsaga wrote it: restore it with that version)")
+    events = doc.get("events")
+    run = doc.get("run")
+    if not isinstance(events, list) or not isinstance(run, dict) or any(f not in run for f in _RUN_FIELDS):
+        raise SavepointError(f"{where} is damaged: its run or events are missing")
+    # The chain, first bad link named.
+    if doc.get("count") != len(events):
+        raise SavepointError(f"{where} holds {len(events)} events but its header says {doc.get('count')!r}: "
+                             "it was truncated or events were removed")
+    link = hashlib.sha256(_canonical(_header(doc))).hexdigest()
+    if doc.get("header") != link:
+        raise SavepointError(f"{where}: hash chain broken at the header (name, run metadata or snapshot changed)")
+    for index, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise SavepointError(f"{where}: event #{index + 1} is not an object")
+        link = _link(link, event)
+        if event.get("link") != link:
+            raise SavepointError(f"{where}: hash chain broken at event seq {event.get('seq')!r} "
+                                 f"(#{index + 1}): it was changed")
+    if doc.get("head") != link:
+        raise SavepointError(f"{where}: hash chain broken at the head (it does not close the chain)")
+    signature = doc.get("signature")
+    if key is not None:
+        if not signature:
+            raise SavepointError(f"{where} is not signed, and a signing key is configured: refused")
+        if not hmac.compare_digest(str(signature), _sign(key, link)):
+            raise SavepointError(f"{where}: its signature does not match the configured signing key: refused")
+    snapshot = None
+    snap = doc.get("snapshot")
+    try:
+        if snap is not None:
+            snapshot = NewSnapshot(seq=snap["seq"], state=snap["state"], sha256=snap["sha256"], trigger=snap["trigger"],
+                                   created_at=snap["created_at"], schema_version=snap["schema_version"],
+                                   workflow=run["workflow"], version=run["version"], fingerprint=run["fingerprint"])
+        new_events = [NewEvent(seq=e["seq"], kind=e["kind"], data=e["data"], at=e["at"]) for e in events]
+    except (KeyError, TypeError) as exc:
+        raise SavepointError(f"{where} is damaged: a record lacks {exc}") from None
+    if [e.seq for e in new_events] != list(range(1, len(new_events) + 1)):
+        raise SavepointError(f"{where}: its journal does not run from seq 1 without gaps")
+    if snapshot is not None:
+        problem = snapshot_problem(SnapshotRecord(snapshot.seq, snapshot.state, snapshot.sha256,
+                                                  snapshot.schema_version, snapshot.trigger, snapshot.created_at))
+        if problem is None and snapshot.schema_version != SNAPSHOT_SCHEMA:
+            problem = f"layout {snapshot.schema_version}"
+        if problem is not None or not 1 <= snapshot.seq <= len(new_events):
+            raise SavepointError(f"{where}: its snapshot at seq {snapshot.seq} does not verify: {problem or 'outside the journal'}")
+    return Savepoint(name=str(doc.get("name")), created_at=float(doc.get("created_at") or 0.0), run=run,
+                     snapshot=snapshot, events=new_events, head=link, signed=bool(signature))
