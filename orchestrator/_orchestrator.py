@@ -343,6 +343,11 @@ class Orchestrator:
         ``to`` and out of the database (``restore`` brings one back); unfinished runs are never touched."""
         return self.audit.archive(older_than=older_than, to=to)
 
+    def retention(self, *, dry_run: bool = False) -> list[dict[str, Any]]:
+        """Drop the snapshots of finished runs older than their workflow's ``Snapshots(finished_ttl=)``
+        (registered workflows only); the journals stay. Returns what was (or would be) dropped."""
+        return self.audit.retention(dry_run=dry_run)
+
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
         """The run's checkpoint catalog, newest first: trigger, seq, time, code, size, validity."""
         return self.audit.snapshots(run_id)

@@ -78,7 +78,9 @@ class Snapshots:
       journaled since the last snapshot hold at least this many times that snapshot's bytes: for a
       large state that grows little per step (a long conversation), the snapshot cost per step then
       stays flat, and a recovery replays at most about ``replay_ratio`` times the snapshot's bytes;
-    - ``keep``: snapshots kept per run (older ones are pruned as new ones are written).
+    - ``keep``: snapshots kept per run (older ones are pruned as new ones are written);
+    - ``finished_ttl``: seconds after a run finished when ``orc.retention()`` (``agentsaga
+      retention``) drops all its snapshots (its journal stays: the state folds from it).
 
     A snapshot is also written when a run ends, and on demand (``orc.snapshot``), whatever the policy.
     """
@@ -90,6 +92,7 @@ class Snapshots:
     adaptive: Adaptive | None = None
     replay_ratio: float | None = None
     keep: int = 3
+    finished_ttl: float | None = None
 
     def __post_init__(self) -> None:
         if self.every is not None:
@@ -116,6 +119,11 @@ class Snapshots:
                                               or not isinstance(self.replay_ratio, (int, float))
                                               or not self.replay_ratio > 0):
             raise DefinitionError(f"Snapshots(replay_ratio=...) must be a positive number, got {self.replay_ratio!r}")
+        if self.finished_ttl is not None and (isinstance(self.finished_ttl, bool)
+                                              or not isinstance(self.finished_ttl, (int, float))
+                                              or self.finished_ttl < 0):
+            raise DefinitionError(f"Snapshots(finished_ttl=...) must be a number of seconds >= 0, "
+                                  f"got {self.finished_ttl!r}")
         if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
             raise DefinitionError(f"Snapshots(keep=...) must be an integer >= 1, got {self.keep!r}")
 
@@ -131,7 +139,7 @@ class Snapshots:
         """The policy as data (recorded in the snapshot catalog's configuration hash)."""
         return {"every": self.every, "seconds": self.seconds, "after_effects": self.after_effects,
                 "gates": list(self.gates), "adaptive": self.adaptive.to_json() if self.adaptive else None,
-                "replay_ratio": self.replay_ratio, "keep": self.keep}
+                "replay_ratio": self.replay_ratio, "keep": self.keep, "finished_ttl": self.finished_ttl}
 
 
 #: The policy of a workflow that declares none (the Orchestrator's snapshot_every/keep_snapshots

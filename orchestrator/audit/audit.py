@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from orchestrator.audit.fork import fork_point
-from orchestrator.audit.gc import GC_STATUSES, GcReport, plan_deletions
+from orchestrator.audit.gc import GC_STATUSES, GcReport, finished_at, plan_deletions
 from orchestrator.audit.stats import Stats, collect_stats
 from orchestrator.audit.summary import RunSummary, decode_events, summarise
 from orchestrator.audit.verify import VerifyReport, verify_journal
@@ -162,6 +162,30 @@ class Audit:
                 path.unlink(missing_ok=True)
                 spared.append(rec.run_id)
         return {"archived": archived, "spared": spared, "to": str(folder)}
+
+    def retention(self, *, dry_run: bool = False) -> list[dict[str, Any]]:
+        """Apply each registered workflow's ``Snapshots(finished_ttl=...)``: every snapshot of a
+        finished run of it that ended more than that long ago is dropped (the journal stays, so its
+        state still folds). Unfinished runs are never touched. Returns what was (or would be) dropped."""
+        now = self.clock()
+        dropped: list[dict[str, Any]] = []
+        for name in self.workflows.names():
+            wf = self.workflows.get(name)
+            ttl = wf.snapshots.finished_ttl if wf is not None and wf.snapshots is not None else None
+            if ttl is None:
+                continue
+            for rec in self.store.list_runs(workflow=name, status=GC_STATUSES, limit=None):
+                if finished_at(rec) >= now - ttl:
+                    continue
+                try:
+                    seqs = sorted(i.seq for i in self.store.snapshot_catalog(rec.run_id))
+                    if seqs and not dry_run:
+                        self.store.prune_snapshots(rec.run_id, 0)
+                except RunNotFoundError:
+                    continue  # deleted by someone else meanwhile
+                if seqs:
+                    dropped.append({"run_id": rec.run_id, "workflow": name, "status": rec.status, "seqs": seqs})
+        return dropped
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
         """The run's checkpoint catalog, newest first (metadata and validity, no state)."""

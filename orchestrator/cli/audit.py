@@ -258,6 +258,19 @@ def cmd_archive(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_retention(args: argparse.Namespace) -> int:
+    with open_orchestrator(args, app=True) as orc:
+        dropped = orc.retention(dry_run=args.dry_run)
+    if args.json:
+        print(json_line({"dry_run": args.dry_run, "dropped": dropped}))
+        return 0
+    for d in dropped:
+        print(f"{'would drop' if args.dry_run else 'dropped'} snapshots {', '.join(map(str, d['seqs']))} of run "
+              f"{safe(d['run_id'])} ({safe(d['workflow'])}, {d['status']})")
+    print(f"{len(dropped)} finished run(s) past their workflow's finished_ttl")
+    return 0
+
+
 # -- fork ------------------------------------------------------------------------------------------
 def cmd_fork(args: argparse.Namespace) -> int:
     with open_orchestrator(args, app=True, existing=True) as orc:
@@ -358,6 +371,10 @@ def add_audit_verbs(verb: Verb) -> None:
     p = verb("archive", cmd_archive, "move finished runs older than a duration into savepoint files")
     p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 30d, 12h (finished that long ago)")
     p.add_argument("--to", required=True, metavar="DIR", help="the directory the files are written to")
+
+    p = verb("retention", cmd_retention, "drop snapshots of finished runs past their workflow's finished_ttl")
+    p.add_argument("--dry-run", action="store_true", help="only report what would be dropped")
+    add_app_flag(p)
 
     p = verb("fork", cmd_fork, "start a new run from the state a run had before one of its steps")
     p.add_argument("run_id", metavar="RUN")

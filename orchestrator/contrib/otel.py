@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from orchestrator.engine.journal import ActiveRun
     from store import NewEvent
 
-__all__ = ["Tracing"]
+__all__ = ["Tracing", "CheckpointMetrics"]
 
 _STARTS = frozenset({"RunStarted", "Resumed"})
 # After these the process stops driving the run: it ended, or it parks until a signal or a timer.
@@ -122,3 +122,52 @@ class Tracing:
             span.set_attribute("agentsaga.final", bool(data.get("final")))
             span.set_status(trace.Status(trace.StatusCode.ERROR, f"{error.get('type')}: {error.get('message')}"[:500]))
         span.end(end_time=_ns(at))
+
+
+class CheckpointMetrics:
+    """OpenTelemetry metrics of checkpoints, made in the process that drives runs
+    (``Orchestrator(observers=[CheckpointMetrics()])``), each with the ``workflow`` attribute:
+
+    - ``agentsaga.snapshots`` (counter, attribute ``trigger``: periodic, timed, effect, gate, adaptive,
+      final, on_demand ... with ``gate:STEP`` as ``gate``): snapshots written;
+    - ``agentsaga.snapshot.size`` (histogram, bytes) and ``agentsaga.snapshot.write`` (histogram, ms:
+      making the snapshot and the commit that carried it);
+    - ``agentsaga.snapshot.rejected`` (counter): snapshots a recovery skipped;
+    - ``agentsaga.recoveries`` (counter) and ``agentsaga.recovery.replayed`` (histogram): takeovers
+      of a run, and the events each folded after its snapshot.
+
+    The meter comes from the global provider unless one is passed.
+    """
+
+    def __init__(self, meter_provider: Any = None) -> None:
+        try:
+            from opentelemetry import metrics
+        except ImportError:
+            raise ConfigurationError("checkpoint metrics need OpenTelemetry: pip install 'agentsaga[otel]'") from None
+        meter = metrics.get_meter("agentsaga", meter_provider=meter_provider)
+        self.snapshots = meter.create_counter("agentsaga.snapshots", unit="1", description="snapshots written")
+        self.size = meter.create_histogram("agentsaga.snapshot.size", unit="By", description="snapshot size")
+        self.write = meter.create_histogram("agentsaga.snapshot.write", unit="ms",
+                                            description="making a snapshot and the commit that carried it")
+        self.rejected = meter.create_counter("agentsaga.snapshot.rejected", unit="1",
+                                             description="snapshots a recovery skipped")
+        self.recoveries = meter.create_counter("agentsaga.recoveries", unit="1", description="takeovers of a run")
+        self.replayed = meter.create_histogram("agentsaga.recovery.replayed", unit="1",
+                                               description="events folded after the snapshot per recovery")
+
+    def __call__(self, run: ActiveRun, events: list[NewEvent]) -> None:
+        """The observer hook: metrics from what the commit wrote."""
+        workflow = {"workflow": run.workflow.name}
+        snap = run.last_snapshot
+        if snap is not None:
+            self.snapshots.add(1, {**workflow, "trigger": snap["trigger"].split(":", 1)[0]})
+            self.size.record(snap["bytes"] or 0, workflow)
+            self.write.record(snap["write_ms"], workflow)
+        for event in events:
+            if event.kind == "Resumed":
+                self.recoveries.add(1, workflow)
+                replayed = json.loads(event.data).get("replayed")
+                if isinstance(replayed, int):
+                    self.replayed.record(replayed, workflow)
+            elif event.kind == "SnapshotRejected":
+                self.rejected.add(1, workflow)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -46,7 +47,7 @@ class ActiveRun:
     """A run this process is driving: its workflow, its lease token and what its journal folds to."""
 
     __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "snapshot_at", "every", "lock",
-                 "broken", "snapshot_bytes", "journal_bytes")
+                 "broken", "snapshot_bytes", "journal_bytes", "last_snapshot")
 
     def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int, *,
                  snapshot_at: float | None = None, every: int | None = None) -> None:
@@ -64,6 +65,9 @@ class ActiveRun:
         #: since (``Snapshots(replay_ratio=)``)
         self.snapshot_bytes = 0
         self.journal_bytes = 0
+        #: the snapshot the latest commit wrote, for observers (telemetry): {"seq", "trigger",
+        #: "bytes", "write_ms"} (making it, and the commit that carried it), else None
+        self.last_snapshot: dict[str, Any] | None = None
         # Parallel sync steps run on threads and may journal durable calls from there: one writer
         # at a time per run keeps seq numbers and the folded state consistent. Per run, not per
         # process, so a worker driving several runs on threads commits them concurrently.
@@ -168,6 +172,8 @@ class JournalWriter:
         if trigger is None:
             trigger = _due(policy, run, folded.seq, now, gate, effect)
         snapshot = None
+        run.last_snapshot = None
+        started = time.perf_counter()
         if trigger is not None:
             snapshot = make_snapshot(folded, trigger, now, self.snapshot_meta(run.workflow))
         self.store.append(
@@ -185,6 +191,8 @@ class JournalWriter:
             workflow_version=workflow_version,
         )
         if snapshot is not None:
+            run.last_snapshot = {"seq": snapshot.seq, "trigger": snapshot.trigger, "bytes": snapshot.size_bytes,
+                                 "write_ms": (time.perf_counter() - started) * 1000}
             run.last_snapshot_seq = snapshot.seq
             run.snapshot_at = now
             run.snapshot_bytes = snapshot.size_bytes or 0

@@ -149,3 +149,41 @@ def test_the_cli_archives_and_restores(sqlite_url, tmp_path):
                      db=sqlite_url)
     assert back.returncode == 0, back.stderr
     assert exists(sqlite_url, "c1")
+
+
+# -- retention per workflow ---------------------------------------------------------------------------
+def test_retention_drops_snapshots_of_finished_runs_past_their_workflows_ttl(orc_factory, fake_time):
+    from workflows import Snapshots
+
+    # Given a workflow whose finished runs keep snapshots for a week, and one without a ttl
+    short = Workflow("short", reducers={"seen": reducers.append}, snapshots=Snapshots(every=2, finished_ttl=7 * DAY))
+    plain = Workflow("plain", snapshots=Snapshots(every=2))
+    for wf in (short, plain):
+        def tick(ctx, state):
+            return {"n": state["n"] + 1}
+        wf.step(name="tick", start=True)(tick)
+        wf.route("tick", lambda s: "tick" if s["n"] < 4 else END)
+    crashing = Workflow("short", reducers={"seen": reducers.append}, snapshots=Snapshots(every=2, finished_ttl=0))
+
+    @crashing.step(name="tick", start=True)
+    def stop(ctx, state):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        orc_factory(crashing).run(crashing, {"n": 0}, run_id="open")
+    orc = orc_factory(short, plain)
+    orc.run(short, {"n": 0}, run_id="s1")
+    orc.run(plain, {"n": 0}, run_id="p1")
+    orc.snapshot("open")
+    history = orc.history("s1")
+    # When six days pass, nothing is due; after eight, the short-lived run's snapshots go
+    fake_time.advance(6 * DAY)
+    assert orc.retention() == []
+    fake_time.advance(2 * DAY)
+    seqs = sorted(s.seq for s in orc.snapshots("s1"))
+    assert orc.retention(dry_run=True) == [{"run_id": "s1", "workflow": "short", "status": "completed", "seqs": seqs}]
+    assert orc.snapshots("s1") != []
+    assert [d["run_id"] for d in orc.retention()] == ["s1"]
+    # Then that run has no snapshots left but the same journal and state; the others are untouched
+    assert orc.snapshots("s1") == [] and orc.history("s1") == history and orc.result("s1").state["n"] == 4
+    assert orc.snapshots("p1") != [] and orc.snapshots("open") != []

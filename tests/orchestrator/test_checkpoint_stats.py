@@ -64,3 +64,36 @@ def test_stats_report_checkpoints_per_workflow(orc_factory, db_url):
     assert "CHECKPOINTS" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.startswith("alpha"))
     assert "final 2" in row and "100%" in row
+
+
+def test_checkpoint_metrics_are_recorded_with_opentelemetry(orc_factory):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from orchestrator.contrib.otel import CheckpointMetrics
+
+    # Given an in-memory metrics pipeline observing the orchestrators
+    reader = InMemoryMetricReader()
+    metrics = CheckpointMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+    # When a run is interrupted, then recovered, snapshotting every 3 events
+    crashing = counter("alpha", stop_at=5)
+    with pytest.raises(KeyboardInterrupt):
+        orc_factory(crashing, observers=[metrics]).run(crashing, {"n": 0}, run_id="m1")
+    orc = orc_factory(counter("alpha"), observers=[metrics])
+    orc.resume("m1")
+    # Then the snapshots written are counted by trigger, sized and timed, and the recovery is counted
+    points = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                points[metric.name] = list(metric.data.data_points)
+    by_trigger = {p.attributes["trigger"]: p.value for p in points["agentsaga.snapshots"]}
+    held = orc.snapshots("m1")
+    assert by_trigger["final"] == 1 and by_trigger["periodic"] == sum(1 for s in held if s.trigger == "periodic")
+    [size] = points["agentsaga.snapshot.size"]
+    assert size.count == len(held) and size.sum == sum(s.size_bytes for s in held)
+    assert points["agentsaga.snapshot.write"][0].count == len(held)
+    [recoveries] = points["agentsaga.recoveries"]
+    assert recoveries.value == 1 and recoveries.attributes == {"workflow": "alpha"}
+    [resumed] = [e["data"] for e in orc.history("m1") if e["kind"] == "Resumed"]
+    assert points["agentsaga.recovery.replayed"][0].sum == resumed["replayed"]

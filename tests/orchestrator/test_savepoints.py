@@ -13,12 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from audit_helpers import agentsaga, assert_one_line_error
 
 from orchestrator import Orchestrator, SavepointError
+from orchestrator.engine.savepoints import read_savepoint
 from store import RunNotFoundError, open_store
 from workflows import END, Workflow, reducers
 
@@ -266,3 +269,36 @@ def test_the_cli_saves_restores_and_refuses_with_one_line(sqlite_url, pg_url, tm
 
 #: the workflow the CLI test loads with --app
 mover = counter()
+
+
+# -- the chain, as a property ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_doc(tmp_path_factory) -> dict:
+    """One savepoint's document (a run of 12 counts, interrupted at 9), decoded."""
+    tmp = tmp_path_factory.mktemp("chain")
+    url = f"sqlite:///{tmp}/chain.db"
+    interrupted_on(url, "ch", stop_at=9)
+    with Orchestrator(url) as orc:
+        orc.savepoint("ch", name="prop", path=tmp / "ch.gz")
+    return json.loads(gzip.decompress((tmp / "ch.gz").read_bytes()))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_change_to_one_event_is_refused_naming_that_event(saved_doc, tmp_path, data):
+    # Given a savepoint, and one field of one of its events changed to any other value
+    doc = json.loads(json.dumps(saved_doc))
+    index = data.draw(st.integers(0, len(doc["events"]) - 1), label="event")
+    field = data.draw(st.sampled_from(["seq", "kind", "at", "data"]), label="field")
+    old = doc["events"][index][field]
+    new = data.draw(st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=30)).filter(
+        lambda v: v != old and not (isinstance(v, (int, float)) and isinstance(old, (int, float)) and v == old)),
+        label="new value")
+    doc["events"][index][field] = new
+    path = tmp_path / f"p{index}-{field}.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    # When it is read, Then it is refused at exactly that event
+    with pytest.raises(SavepointError) as info:
+        read_savepoint(path, key=None)
+    named = new if field == "seq" else doc["events"][index]["seq"]
+    assert f"hash chain broken at event seq {named!r} (#{index + 1})" in str(info.value)

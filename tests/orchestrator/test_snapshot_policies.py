@@ -209,4 +209,4 @@ def test_policies_read_as_data():
     assert wf.snapshots == Snapshots(every=50, after_effects=True, gates=("a",),
                                      adaptive=Adaptive(min_every=5, max_every=50))
     assert Snapshots().to_json() == {"every": 100, "seconds": None, "after_effects": False, "gates": [],
-                                     "adaptive": None, "replay_ratio": None, "keep": 3}
+                                     "adaptive": None, "replay_ratio": None, "keep": 3, "finished_ttl": None}
