@@ -10,6 +10,7 @@ every other command line goes to ``orchestrator.cli.main``.
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from orchestrator.cli.main import main as run
 
     return run(args)
+
+
+class _Package(types.ModuleType):
+    """``orchestrator.cli.main`` is both this entry point and a submodule: importing the submodule
+    would set the package's ``main`` to the module; the entry point keeps the name (the submodule
+    stays reachable as ``sys.modules["orchestrator.cli.main"]`` and through ``from ... import``)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "main" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> object:
