@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from orchestrator import Orchestrator
 from orchestrator.agents import AsyncLLM
-from workflows import END, Workflow
+from workflows import END, Workflow, reducers
 
 
 class RawClient:
@@ -138,14 +138,14 @@ async def engine(op: str, model: str, db: str, n: int, steps: int) -> dict:
 async def conversation(db: str, steps: int) -> dict:
     """One run whose state grows by one ~2 KB message per step: the per-step cost, first vs last 100."""
     marks: list[float] = []
-    wf = Workflow("agents_conversation", max_visits=steps + 1)
+    # The step journals only its new message (an append reducer): what grows is the state, not the event.
+    wf = Workflow("agents_conversation", max_visits=steps + 1, reducers={"messages": reducers.append})
 
     @wf.step(start=True)
     async def talk(ctx, state):
         marks.append(time.perf_counter())
-        messages = list(state.get("messages", []))
-        messages.append({"role": "assistant", "content": f"turn {len(messages)} " + "x" * 2000})
-        return {"messages": messages}
+        turn = len(state.get("messages", []))
+        return {"messages": [{"role": "assistant", "content": f"turn {turn} " + "x" * 2000}]}
 
     wf.route("talk", lambda s: "talk" if len(s["messages"]) < steps else END, targets=["talk", END])
     orc = Orchestrator(db, workflows=[wf])
