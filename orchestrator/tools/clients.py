@@ -136,7 +136,7 @@ async def _park(closer: AsyncIterator[None]) -> None:
     await closer.__anext__()  # registers the generator with the loop; it waits at its first yield
 
 
-SHARD = 16  # calls in flight per connection pool of an async client
+SHARD = 4  # calls in flight per connection pool of an async client
 
 
 class ShardedTransport(httpx.AsyncBaseTransport):
