@@ -10,7 +10,6 @@ database is $AGENTSAGA_DB, else agentsaga.db in the working directory.
 """
 
 import os
-from functools import partial
 
 from orchestrator import Orchestrator
 from workflows import Workflow
@@ -18,18 +17,18 @@ from workflows import Workflow
 trip = Workflow("trip")
 
 
-def book(ctx, state, kind):
-    url = f"{state['api']}/{kind}s"
-    return {kind: f"{url}/{ctx.http.post(url, json={'city': state['city']}).json()['id']}"}
+def book(ctx, state):  # the step's name says what it books: flight, hotel, car, payment
+    url = f"{state['api']}/{ctx.step}s"
+    return {ctx.step: f"{url}/{ctx.http.post(url, json={'city': state['city']}).json()['id']}"}
 
 
 def cancel(ctx, effect):
-    ctx.http.delete(*effect.result.values())
+    ctx.http.delete(effect.result[effect.step])
 
 
 for kind in ("flight", "hotel", "car"):
-    trip.step(partial(book, kind=kind), name=kind, compensate=cancel)
-trip.step(partial(book, kind="payment"), name="pay", effect=True)
+    trip.step(book, name=kind, compensate=cancel)
+trip.step(book, name="payment", effect=True)
 
 if __name__ == "__main__":
     result = Orchestrator().run(trip, {"api": os.environ["BOOKING_API"], "city": "Lisbon"}, run_id="trip")
