@@ -47,7 +47,8 @@ def step_code(fn: Callable[..., Any]) -> str:
     target = inspect.unwrap(fn)
     try:
         text = textwrap.dedent(inspect.getsource(target))
-    except (OSError, TypeError):
+    except Exception:  # noqa: BLE001 - no source (OSError, TypeError) or a file that no longer matches the code
+        # (tokenize.TokenError, IndexError, SyntaxError: exec'd code named after another file): use the bytecode
         code = getattr(target, "__code__", None) or getattr(getattr(type(target), "__call__", None), "__code__", None)
         text = _bytecode_text(code) if code is not None else getattr(target, "__qualname__", repr(type(target)))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]

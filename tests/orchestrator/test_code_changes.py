@@ -171,3 +171,17 @@ def test_a_savepoint_of_version_1_is_upgraded_where_version_2_runs(orc_factory, 
         there.restore(path)
         result = there.resume("sv")
     assert result.state["count"] == 6 and result.state["seen"] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_step_whose_file_no_longer_matches_its_code_is_hashed_from_its_bytecode(tmp_path):
+    # Given a step compiled under the name of a file whose text does not match it (code exec'd from a
+    # document, or a file edited after import): the source lookup finds an unterminated statement
+    from orchestrator.engine.code_changes import step_code
+
+    other = tmp_path / "other.py"
+    other.write_text("x = (\n", encoding="utf-8")
+    namespace: dict = {}
+    exec(compile("def plan(ctx, state):\n    return {'todo': []}\n", str(other), "exec"), namespace)  # noqa: S102
+    # When its code is hashed, Then it gets a hash (of its bytecode), stable and not the source's error
+    assert step_code(namespace["plan"]) == step_code(namespace["plan"])
+    assert len(step_code(namespace["plan"])) == 16
