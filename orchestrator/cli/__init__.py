@@ -4,18 +4,17 @@ The entry point answers ``agentsaga --version`` and ``agentsaga --help`` without
 engine (SQLAlchemy, SQLModel, pydantic): they are the commands a person types first, and a
 second of start-up for them is a second of waiting. ``--help`` prints the text the real parser
 formats (``orchestrator/cli/_help.txt``, checked against it by tests/orchestrator/test_cli_startup.py);
-every other command line goes to ``orchestrator.cli.main``.
+every other command line goes to ``orchestrator.cli.commands``.
 """
 
 from __future__ import annotations
 
 import sys
-import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.cli.main import build_parser
+    from orchestrator.cli.commands import build_parser
 
 __all__ = ["main", "build_parser"]
 
@@ -47,28 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args in (["--help"], ["-h"]):
         sys.stdout.write(help_text())
         return 0
-    from orchestrator.cli.main import main as run
+    from orchestrator.cli.commands import main as run
 
     return run(args)
 
 
-class _Package(types.ModuleType):
-    """``orchestrator.cli.main`` is both this entry point and a submodule: importing the submodule
-    would set the package's ``main`` to the module; the entry point keeps the name (the submodule
-    stays reachable as ``sys.modules["orchestrator.cli.main"]`` and through ``from ... import``)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "main" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 def __getattr__(name: str) -> object:
     if name == "build_parser":
-        from orchestrator.cli.main import build_parser
+        from orchestrator.cli.commands import build_parser
 
         return build_parser
     raise AttributeError(f"module 'orchestrator.cli' has no attribute {name!r}")

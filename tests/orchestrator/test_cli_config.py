@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator.cli.main import build_parser
+from orchestrator.cli.commands import build_parser
 
 FLOW = '''
 from workflows import END, Workflow, reducers

@@ -14,7 +14,7 @@ What it shows, in order:
    ``agentsaga signal`` command from another terminal), and the run books and answers;
 5. the run's step table, and the HTML report (``orc.report``) is written.
 
-Everything it runs ships in the package (no source checkout needed). ``cli/main.py`` wires the
+Everything it runs ships in the package (no source checkout needed). ``cli/commands.py`` wires the
 verb with ``add_demo_verb(sub, verb)``.
 """
 
