@@ -218,7 +218,7 @@ class Orchestrator:
         return run_sync(self.arollback(run_id, to=to, input=input, next_step=next_step))
 
     async def arun(self, workflow: Workflow, input: Any = None, *, run_id: str | None = None) -> RunResult:
-        created = self.engine.create(workflow, input, run_id=run_id, lease=True)
+        created = await self.engine.acreate(workflow, input, run_id=run_id, lease=True)
         if created is None:  # the id exists: continue that run (never start it twice)
             assert run_id is not None
             return await self.engine.resume(run_id, force=False, allow_graph_change=None)

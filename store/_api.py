@@ -39,7 +39,14 @@ from ._breakers import Breakers
 from ._dialect import CHUNK, Dialect, ErrorKind, iter_chunks, marks
 from ._failures import Failures
 from ._fence import Fence
-from ._journal import INSERT_EVENT, PRUNE_SNAPSHOTS, Journal, check_batch, event_row
+from ._journal import (
+    INSERT_EVENT,
+    PRUNE_SNAPSHOTS,
+    GroupConflict,
+    Journal,
+    check_batch,
+    event_row,
+)
 from ._leases import Leases
 from ._queues import Queues
 from ._records import (
@@ -71,6 +78,12 @@ _INSERT_RUN = (
     " created_at, updated_at, parent_run_id, lease_owner, lease_token, lease_expires_at, queue,"
     " priority, dedup_key, finished_at, error, recoveries)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
+)
+# Postgres: the run and its first event in one statement (a data-modifying WITH), so one round trip
+# in autocommit instead of BEGIN, INSERT, INSERT, COMMIT. A statement is its own transaction.
+_CREATE_RUN_ONE = (
+    f"WITH r AS ({_INSERT_RUN})"
+    " INSERT INTO agentsaga_events (run_pk, seq, kind, at, data) SELECT r.pk, ?, ?, ?, ? FROM r"
 )
 
 
@@ -177,8 +190,14 @@ class Store:
         d = self._d
         journal = self._journal
 
+        one = d.name == "postgresql" and len(events) == 1 and snapshot is None
+
         def work(conn: Any) -> int:
             try:
+                if one:
+                    e = events[0]
+                    d.execute(conn, _CREATE_RUN_ONE, (*row, e.seq, e.kind, e.at, e.data))
+                    return token
                 with d.transaction(conn):
                     pk = d.fetchall(conn, _INSERT_RUN, row)[0][0]
                     if events:
@@ -317,6 +336,68 @@ class Store:
                 raise
 
         self._b.run("append", work, on_disconnect=lost)
+
+    def append_many(self, appends: Sequence[dict[str, Any]]) -> list[BaseException | None]:
+        """Group commit: several appends (each a dict of `append`'s arguments: `run_id`, `events`,
+        `token`, `now`, and optionally `status`, `error`, `finished`, `snapshot`,
+        `keep_snapshots`, `release_lease`, `consume_signals`, `workflow_version`), from any runs, in one transaction
+        and one flush. Each append is fenced by its own token and gets its own verdict, in order:
+        None (journaled) or the error `append` would have raised (`FencedError`,
+        `RunNotFoundError`, `ConflictError`); an append after a failed one of the same run is
+        not written and shares its error. The database being away raises, as `append` does."""
+        items = [dict(a) for a in appends]
+        for item in items:
+            if item.get("status") is None and (item.get("error") is not None or item.get("finished")):
+                raise ValueError("append_many: error and finished need a status")
+            if item.get("keep_snapshots") is not None and item["keep_snapshots"] < 0:
+                raise ValueError("append_many: keep_snapshots must be >= 0")
+            item["events"] = list(item["events"])
+            check_batch(item["run_id"], item["events"])
+        if not items:
+            return []
+        session_lost = False
+
+        def lost() -> None:
+            nonlocal session_lost
+            session_lost = True
+
+        journal = self._journal
+        try:
+            results = self._b.run("append_many", lambda conn: journal.append_group(conn, items), on_disconnect=lost)
+        except GroupConflict:
+            results = None
+        if results is None:
+            # One by one, each with its own verdict: a duplicate key in the group, or a session lost
+            # while a COMMIT was in flight (the items that landed then read back as ours).
+            results = []
+            failed: dict[str, BaseException] = {}
+            for item in items:
+                if item["run_id"] in failed:
+                    results.append(failed[item["run_id"]])
+                    continue
+                try:
+                    self._append_item(item, session_lost)
+                except (ConflictError, FencedError, RunNotFoundError) as exc:
+                    failed[item["run_id"]] = exc
+                    results.append(exc)
+                else:
+                    results.append(None)
+        return results
+
+    def _append_item(self, item: dict[str, Any], session_lost: bool) -> None:
+        try:
+            self.append(item["run_id"], item["events"], token=item["token"], now=item["now"],
+                        status=item.get("status"), error=item.get("error"), finished=item.get("finished", False),
+                        snapshot=item.get("snapshot"), keep_snapshots=item.get("keep_snapshots"),
+                        release_lease=item.get("release_lease", False),
+                        consume_signals=item.get("consume_signals") or (),
+                        workflow_version=item.get("workflow_version"))
+        except (ConflictError, FencedError):
+            journal, run_id, events = self._journal, item["run_id"], item["events"]
+            if session_lost and events and self._b.run(
+                    "append_many", lambda conn: journal.already_journaled(conn, run_id, events)):
+                return
+            raise
 
     def events(
         self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None

@@ -28,7 +28,7 @@ from ._records import EventRecord, NewEvent, NewSnapshot
 from ._signals import consume_in_transaction
 from .errors import ConflictError, RunNotFoundError
 
-__all__ = ["Journal", "INSERT_EVENT", "PRUNE_SNAPSHOTS", "check_batch", "event_row"]
+__all__ = ["INSERT_EVENT", "PRUNE_SNAPSHOTS", "GroupConflict", "Journal", "check_batch", "event_row"]
 
 INSERT_EVENT = (
     "INSERT INTO agentsaga_events (run_pk, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)"
@@ -46,6 +46,10 @@ _SELECT_EVENTS = (
     "SELECT e.seq, e.kind, e.data, e.at FROM agentsaga_events e"
     " JOIN agentsaga_runs r ON r.pk = e.run_pk WHERE r.run_id = ? AND e.seq > ?"
 )
+
+
+class GroupConflict(Exception):
+    """Internal: a duplicate key inside a group commit (rolled back); the caller goes item by item."""
 
 
 class _UniqueViolation(Exception):
@@ -125,27 +129,8 @@ class Journal:
                 if events:
                     rows = [event_row(pk, e) for e in events]
                     self._insert(conn, "events", d.executemany, INSERT_EVENT, rows)
-                if consume:
-                    consume_in_transaction(d, conn, pk, run_id, consume)
-                if changes_run:
-                    sets, params = [], []
-                    if status is not None:
-                        sets += ["status = ?", "error = ?", "updated_at = ?"]
-                        params += [status, error, now]
-                        if finished:
-                            sets.append("finished_at = ?")
-                            params.append(now)
-                    if release:
-                        sets += ["lease_owner = NULL", "lease_expires_at = NULL"]
-                    if workflow_version is not None:
-                        sets += ["version = ?", "fingerprint = ?"]
-                        params += list(workflow_version)
-                    sql = f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?"
-                    d.execute(conn, sql, (*params, pk))
-                if snapshot is not None:
-                    self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
-                    if keep is not None:
-                        d.execute(conn, PRUNE_SNAPSHOTS, (pk, pk, keep))
+                self._write_run(conn, pk, run_id, now, status, error, finished, snapshot, keep, release,
+                                consume, workflow_version)
         except _UniqueViolation as violation:
             # Named only now, after the rollback: Postgres answers no query inside an aborted
             # transaction.
@@ -164,6 +149,80 @@ class Journal:
     def insert_snapshot(self, conn: Any, pk: int, snapshot: NewSnapshot) -> None:
         """Insert a snapshot of run `pk` inside the caller's transaction."""
         self._d.execute(conn, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
+
+    def _write_run(
+        self, conn: Any, pk: int, run_id: str, now: float, status: str | None, error: str | None,
+        finished: bool, snapshot: NewSnapshot | None, keep: int | None, release: bool,
+        consume: Sequence[int], workflow_version: tuple[str, str] | None,
+    ) -> None:
+        """Everything an append writes besides its events, for run `pk` (already fenced), inside
+        the caller's transaction: consumed signals, the run row's changes, the snapshot and its
+        pruning. One code path for a direct append and for each item of a group commit."""
+        d = self._d
+        if consume:
+            consume_in_transaction(d, conn, pk, run_id, consume)
+        if status is not None or release or workflow_version is not None:
+            sets, params = [], []
+            if status is not None:
+                sets += ["status = ?", "error = ?", "updated_at = ?"]
+                params += [status, error, now]
+                if finished:
+                    sets.append("finished_at = ?")
+                    params.append(now)
+            if release:
+                sets += ["lease_owner = NULL", "lease_expires_at = NULL"]
+            if workflow_version is not None:
+                sets += ["version = ?", "fingerprint = ?"]
+                params += list(workflow_version)
+            d.execute(conn, f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?", (*params, pk))
+        if snapshot is not None:
+            self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
+            if keep is not None:
+                d.execute(conn, PRUNE_SNAPSHOTS, (pk, pk, keep))
+
+    def append_group(self, conn: Any, items: Sequence[dict[str, Any]]) -> list[BaseException | None]:
+        """Several runs' appends in one transaction (group commit): one fence read for all runs
+        (row-locked as the dialect says, in run-id order), then every item's writes. An item whose
+        token is stale or whose run is gone gets its error and writes nothing, and so does every
+        later item of that run; the others commit together. A duplicate key (an append racing
+        another writer, which the fence makes exceptional) raises `GroupConflict`: the caller
+        then appends the items one by one, each with its own verdict."""
+        d = self._d
+        results: list[BaseException | None] = [None] * len(items)
+        run_ids = sorted({item["run_id"] for item in items})
+        try:
+            with d.transaction(conn):
+                fence: dict[str, tuple[int, int]] = {}
+                for chunk in iter_chunks(run_ids, CHUNK):
+                    sql = (f"SELECT run_id, pk, lease_token FROM agentsaga_runs WHERE run_id IN ({marks(len(chunk))})"
+                           f" ORDER BY run_id{d.lock_update}")
+                    for run_id, pk, token in d.fetchall(conn, sql, chunk):
+                        fence[run_id] = (pk, token)
+                failed: dict[str, BaseException] = {}
+                rows: list[tuple[Any, ...]] = []
+                for i, item in enumerate(items):
+                    run_id, token = item["run_id"], item["token"]
+                    if run_id in failed:
+                        results[i] = failed[run_id]
+                        continue
+                    found = fence.get(run_id)
+                    if found is None:
+                        failed[run_id] = results[i] = RunNotFoundError(f"no run {run_id!r}", run_id=run_id)
+                        continue
+                    pk, current = found
+                    if current != token:
+                        failed[run_id] = results[i] = self._fence.fenced_error(run_id, token, current)
+                        continue
+                    rows += [event_row(pk, e) for e in item["events"]]
+                    self._write_run(conn, pk, run_id, item["now"], item.get("status"), item.get("error"),
+                                    bool(item.get("finished")), item.get("snapshot"), item.get("keep_snapshots"),
+                                    bool(item.get("release_lease")), item.get("consume_signals") or (),
+                                    item.get("workflow_version"))
+                if rows:
+                    self._insert(conn, "events", d.executemany, INSERT_EVENT, rows)
+        except _UniqueViolation:
+            raise GroupConflict from None
+        return results
 
     def already_journaled(self, conn: Any, run_id: str, events: Sequence[NewEvent]) -> bool:
         """True when every event is stored byte for byte at its seq (our lost COMMIT landed)."""

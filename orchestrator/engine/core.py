@@ -11,6 +11,7 @@ facade adds the sync API, the tools and the audit reads on top.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -96,6 +97,7 @@ class Engine:
                                      snapshot_every=config.snapshot_every, keep_snapshots=config.keep_snapshots,
                                      observers=observers)
         self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock, interval=config.heartbeat)
+        self._creator: concurrent.futures.ThreadPoolExecutor | None = None  # see acreate
         steps = StepRunner(self.journal, store=store, clock=config.clock, sleep=config.sleep, rng=config.rng,
                            compensations=compensations, tools=tools, replay=replay)
         saga = SagaRunner(self.journal, compensations, clock=config.clock, sleep=config.sleep, rng=config.rng,
@@ -104,6 +106,19 @@ class Engine:
 
     def close(self) -> None:
         self.heartbeat.stop()
+        self.journal.close()
+        creator, self._creator = self._creator, None
+        if creator is not None:
+            creator.shutdown(wait=True)
+
+    async def acreate(self, wf: Workflow, input: Any, *, run_id: str | None, lease: bool) -> ActiveRun | None:
+        """``create`` for async callers: while other runs are being driven, the run's first transaction
+        is made on a thread of its own (one, so one more connection at most), not on the event loop."""
+        if self.journal.driving == 0:
+            return self.create(wf, input, run_id=run_id, lease=lease)
+        if self._creator is None:
+            self._creator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentsaga-create")
+        return await asyncio.wrap_future(self._creator.submit(self.create, wf, input, run_id=run_id, lease=lease))
 
     # -- starting ----------------------------------------------------------------------------------
     def create(self, wf: Workflow, input: Any, *, run_id: str | None, lease: bool, parent: dict[str, Any] | None = None,

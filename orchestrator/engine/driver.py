@@ -41,6 +41,7 @@ class Driver:
         """Run ticks until the run ends. Raises store errors (fenced, unavailable) to the caller."""
         hb = self.heartbeat
         hb.hold(run.run_id, run.token)
+        self.journal.driving_started()
         try:
             while run.folded.status in ("running", "compensating"):
                 if hb.lost(run.run_id):
@@ -62,6 +63,7 @@ class Driver:
                     self.park(run, min(w.wake_at for w in waits))
                     break
         finally:
+            self.journal.driving_ended()
             hb.drop(run.run_id)
         return run.folded
 

@@ -135,6 +135,19 @@ class DurableExecution:
 
     def _record(self, kind: str, index: int, request: Any, response: Any, ms: float, *, replayed: bool = False,
                 replaced: bool = False, effect: Any = None) -> Any:
+        self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(kind, index, request, response, ms,
+                                                                                   replayed, replaced, effect))])
+        return self.run.folded.calls[self.step][str(index)]["response"]
+
+    async def _arecord(self, kind: str, index: int, request: Any, response: Any, ms: float, *,
+                       replaced: bool = False, effect: Any = None) -> Any:
+        data = self._completed(kind, index, request, response, ms, False, replaced, effect)
+        await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
+        return self.run.folded.calls[self.step][str(index)]["response"]
+
+    def _completed(self, kind: str, index: int, request: Any, response: Any, ms: float, replayed: bool,
+                   replaced: bool, effect: Any) -> dict[str, Any]:
+        """The ``CallCompleted`` event's data (the guard is asked first: a fenced attempt records nothing)."""
         if self.guard is not None:
             self.guard()
         data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": index, "kind": kind,
@@ -147,8 +160,7 @@ class DurableExecution:
             made = effect(response)
             if made:
                 data["effect"] = {"compensable": self.compensable, **made}
-        self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, data)])
-        return self.run.folded.calls[self.step][str(index)]["response"]
+        return data
 
     def _record_failure(self, kind: str, index: int, request: Any, exc: Exception, ms: float) -> None:
         if self.guard is not None:
@@ -205,8 +217,8 @@ class DurableExecution:
             raise
         finally:
             CALL_INDEX.reset(position)
-        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
-                            replaced=replaced, effect=effect)
+        return await self._arecord(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
+                                    replaced=replaced, effect=effect)
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:

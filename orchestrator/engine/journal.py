@@ -20,15 +20,16 @@ resume (or recovery) continues from the journal.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from orchestrator.engine.events import TERMINAL_STATUSES
-from orchestrator.engine.events import EventKind
+from orchestrator.engine.events import TERMINAL_STATUSES, EventKind
 from orchestrator.engine.fold import RunState, apply
+from orchestrator.engine.groupcommit import GroupCommitter
 from orchestrator.engine.snapshots import SnapshotMeta, make_snapshot, restore_run
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
@@ -47,7 +48,7 @@ class ActiveRun:
     """A run this process is driving: its workflow, its lease token and what its journal folds to."""
 
     __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "snapshot_at", "every", "lock",
-                 "broken", "snapshot_bytes", "journal_bytes", "last_snapshot")
+                 "broken", "snapshot_bytes", "journal_total", "snapshot_total", "last_snapshot", "pending")
 
     def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int, *,
                  snapshot_at: float | None = None, every: int | None = None) -> None:
@@ -64,9 +65,12 @@ class ActiveRun:
         #: the size of the last snapshot this process wrote (0: unknown), and the bytes journaled
         #: since (``Snapshots(replay_ratio=)``)
         self.snapshot_bytes = 0
-        self.journal_bytes = 0
-        #: the snapshot the latest commit wrote, for observers (telemetry): {"seq", "trigger",
-        #: "bytes", "write_ms"} (making it, and the commit that carried it), else None
+        #: bytes of event text this process has journaled for the run, and how many of them the
+        #: last durable snapshot covers (``journal_bytes`` is the difference)
+        self.journal_total = 0
+        self.snapshot_total = 0
+        #: the snapshot the commit being observed wrote, for observers (telemetry): {"seq", "trigger",
+        #: "bytes", "write_ms"} (making it, and the commit that carried it until durable), else None
         self.last_snapshot: dict[str, Any] | None = None
         # Parallel sync steps run on threads and may journal durable calls from there: one writer
         # at a time per run keeps seq numbers and the folded state consistent. Per run, not per
@@ -74,6 +78,13 @@ class ActiveRun:
         self.lock = threading.RLock()
         #: the error of a failed write; once set, this process no longer appends to the run
         self.broken: BaseException | None = None
+        #: appends handed to the group committer and not yet settled (while any, every append goes there)
+        self.pending = 0
+
+    @property
+    def journal_bytes(self) -> int:
+        """Bytes of event text journaled since the last durable snapshot (``Snapshots(replay_ratio=)``)."""
+        return self.journal_total - self.snapshot_total
 
     def __repr__(self) -> str:
         return f"<ActiveRun {self.run_id!r} {self.workflow.name!r} seq={self.folded.seq} {self.folded.status}>"
@@ -96,6 +107,10 @@ class JournalWriter:
         self._meta: dict[tuple[str, str, str], SnapshotMeta] = {}
         #: the policy of workflows that declare none
         self.default_policy = Snapshots(every=snapshot_every, keep=keep_snapshots)
+        #: runs being driven by this process now; with more than one, async commits are grouped
+        self.driving = 0
+        self._driving_lock = threading.Lock()
+        self.committer = GroupCommitter(store, lanes=1 if store.dialect == "sqlite" else 2)
 
     def policy(self, workflow: Workflow) -> Snapshots:
         """When ``workflow``'s runs are snapshotted: its own policy, else the default."""
@@ -109,23 +124,103 @@ class JournalWriter:
             meta = self._meta[key] = SnapshotMeta.of(workflow, self.policy(workflow).to_json())
         return meta
 
+    def close(self) -> None:
+        self.committer.close()
+
+    def driving_started(self) -> None:
+        with self._driving_lock:
+            self.driving += 1
+
+    def driving_ended(self) -> None:
+        with self._driving_lock:
+            self.driving -= 1
+
     def commit(self, run: ActiveRun, batch: Batch, *, trigger: str | None = None,
                consume_signals: list[int] | None = None, workflow_version: tuple[str, str] | None = None) -> None:
         """Append ``batch`` (``[(kind, data), ...]``) in one transaction and fold it into ``run``
         (with ``workflow_version``, the run row's version and fingerprint are set in it too)."""
         # Encoded first: a value that cannot be journaled is the caller's error and changes nothing.
         texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
+        events, snap, future = self._start(run, texts, trigger, consume_signals, workflow_version, group=False)
+        if future is not None:  # earlier appends of this run are still in the group committer: after them
+            try:
+                future.result()
+            except BaseException:
+                self._broke(run)
+                raise
+            self._durable(run, snap)
+        self._observe(run, events, snap)
+
+    async def acommit(self, run: ActiveRun, batch: Batch, *, trigger: str | None = None,
+                      consume_signals: list[int] | None = None) -> None:
+        """``commit`` for async callers: while this process drives several runs, the write joins the
+        group committer and the event loop goes on with the other runs until it is durable."""
+        texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
+        events, snap, future = self._start(run, texts, trigger, consume_signals, None, group=self.driving > 1)
+        if future is not None:
+            try:
+                await asyncio.wrap_future(future)
+            except asyncio.CancelledError:
+                # The append is on its way: let it land or fail before the cancellation goes on, as
+                # a synchronous commit would have (the run in memory must match what is written).
+                try:
+                    future.result()
+                except BaseException:  # noqa: BLE001 (the run is rebuilt; the cancellation is what goes on)
+                    self._broke(run)
+                else:
+                    self._durable(run, snap)
+                raise
+            except BaseException:
+                self._broke(run)
+                raise
+            self._durable(run, snap)
+        self._observe(run, events, snap)
+
+    def _observe(self, run: ActiveRun, events: list[NewEvent], snap: dict[str, Any] | None) -> None:
+        run.last_snapshot = None if snap is None else {k: snap[k] for k in ("seq", "trigger", "bytes", "write_ms")}
+        for observer in self.observers:
+            observer(run, events)
+
+    def _start(self, run: ActiveRun, texts: list[tuple[str, str]], trigger: str | None,
+               consume_signals: list[int] | None, workflow_version: tuple[str, str] | None, *,
+               group: bool) -> tuple[list[NewEvent], dict[str, Any] | None, Any]:
+        """Fold the events into ``run`` and write them now, or hand them to the group committer (then
+        the future says when they are durable). Appends of one run are written in the order made.
+        Returns the events, what the snapshot bookkeeping becomes once durable, and the future."""
         with run.lock:
             if run.broken is not None:
                 raise run.broken
             try:
-                events = self._append(run, texts, trigger, consume_signals, workflow_version)
+                events, item, snap = self._prepare(run, texts, trigger, consume_signals, workflow_version)
+                if group or self.committer.has_pending(run):
+                    return events, snap, self.committer.submit(run, item)
+                self.store.append(item.pop("run_id"), item.pop("events"), **item)
+                self._durable(run, snap)
             except BaseException as exc:
                 run.broken = exc
                 self._rebuild(run)
                 raise
-        for observer in self.observers:
-            observer(run, events)
+        return events, snap, None
+
+    def _durable(self, run: ActiveRun, snap: dict[str, Any] | None) -> None:
+        """The commit that carried ``snap`` is durable: the run's snapshot bookkeeping follows it (never
+        before: a grouped write may still fail). A later snapshot already settled wins."""
+        if snap is None:
+            return
+        with run.lock:
+            snap["write_ms"] = (time.perf_counter() - snap.pop("started")) * 1000
+            if snap["seq"] < run.last_snapshot_seq:
+                return
+            run.last_snapshot_seq = snap["seq"]
+            run.snapshot_at = snap["now"]
+            run.snapshot_bytes = snap["bytes"] or 0
+            run.snapshot_total = max(run.snapshot_total, snap["total"])
+
+    def _broke(self, run: ActiveRun) -> None:
+        """A grouped append failed (the committer marked the run broken): the run in memory becomes
+        what its journal holds."""
+        with run.lock:
+            self._rebuild(run)
 
     def _rebuild(self, run: ActiveRun) -> None:
         """After a failed write: the run in memory becomes what its journal holds (best effort: if the
@@ -135,8 +230,12 @@ class JournalWriter:
         except Exception as exc:  # the database is still away: the run stays broken
             _log.warning("run %s: could not re-read the journal after a failed write: %s", run.run_id, exc)
 
-    def _append(self, run: ActiveRun, texts: list[tuple[str, str]], trigger: str | None,
-                consume_signals: list[int] | None, workflow_version: tuple[str, str] | None = None) -> list[NewEvent]:
+    def _prepare(self, run: ActiveRun, texts: list[tuple[str, str]], trigger: str | None,
+                 consume_signals: list[int] | None, workflow_version: tuple[str, str] | None,
+                 ) -> tuple[list[NewEvent], dict[str, Any], dict[str, Any] | None]:
+        """Fold the events into ``run`` and build the append (``store.append_many``'s item shape) with
+        its snapshot, as the workflow's policy asks; the run's snapshot bookkeeping is left to
+        ``_durable`` once the append is written."""
         now = self.clock()
         folded = run.folded
         reduce = run.workflow.reduce
@@ -150,7 +249,7 @@ class JournalWriter:
             data = codec.loads(text)
             apply(folded, seq, kind, data, reduce)
             events.append(NewEvent(seq=seq, kind=kind, data=text, at=now))
-            run.journal_bytes += len(text)
+            run.journal_total += len(text)
             if kind == EventKind.STEP_COMPLETED:
                 effect = effect or bool(data.get("effect"))
                 if data["step"] in policy.gates:
@@ -172,32 +271,18 @@ class JournalWriter:
         if trigger is None:
             trigger = _due(policy, run, folded.seq, now, gate, effect)
         snapshot = None
-        run.last_snapshot = None
-        started = time.perf_counter()
+        snap: dict[str, Any] | None = None
         if trigger is not None:
+            started = time.perf_counter()
             snapshot = make_snapshot(folded, trigger, now, self.snapshot_meta(run.workflow))
-        self.store.append(
-            run.run_id,
-            events,
-            token=run.token,
-            now=now,
-            status=status,
-            error=error,
-            finished=finished,
-            snapshot=snapshot,
-            keep_snapshots=policy.keep if snapshot is not None else None,
-            release_lease=finished,
-            consume_signals=consume_signals or (),
-            workflow_version=workflow_version,
-        )
-        if snapshot is not None:
-            run.last_snapshot = {"seq": snapshot.seq, "trigger": snapshot.trigger, "bytes": snapshot.size_bytes,
-                                 "write_ms": (time.perf_counter() - started) * 1000}
-            run.last_snapshot_seq = snapshot.seq
-            run.snapshot_at = now
-            run.snapshot_bytes = snapshot.size_bytes or 0
-            run.journal_bytes = 0
-        return events
+            snap = {"seq": snapshot.seq, "trigger": snapshot.trigger, "bytes": snapshot.size_bytes, "now": now,
+                    "total": run.journal_total, "started": started}
+        item = {"run_id": run.run_id, "events": events, "token": run.token, "now": now, "status": status,
+                "error": error, "finished": finished, "snapshot": snapshot,
+                "keep_snapshots": policy.keep if snapshot is not None else None,
+                "release_lease": finished, "consume_signals": consume_signals or (),
+                "workflow_version": workflow_version}
+        return events, item, snap
 
 
 def _due(policy: Snapshots, run: ActiveRun, seq: int, now: float, gate: str | None, effect: bool) -> str | None:

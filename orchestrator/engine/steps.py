@@ -121,7 +121,7 @@ class StepRunner:
                 started: dict[str, Any] = {"step": name, "tick": tick, "attempt": this, "input": input_ref}
                 if step.effect:
                     started["key"] = key
-                self.journal.commit(run, [(EventKind.STEP_STARTED, started)])
+                await self.journal.acommit(run, [(EventKind.STEP_STARTED, started)])
             ctx = StepContext(
                 run_id=run.run_id, workflow=wf.name, step=name, attempt=this, tick=tick, clock=self.clock,
                 failure=failure, idempotency_key=key, tools=self.tools,
@@ -195,7 +195,7 @@ class StepRunner:
         if name not in run.folded.code:
             data["code"] = step_code(step.fn)  # the code that ran, recorded at its first completion
         try:
-            self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
+            await self.journal.acommit(run, [(EventKind.STEP_COMPLETED, data)])
         except EncodingError:
             # Say which part of the step's output is at fault, then fail the step for good.
             try:

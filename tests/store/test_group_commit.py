@@ -1,0 +1,122 @@
+"""`store.append_many`: appends of several runs in one transaction, each fenced by its own token and
+given its own verdict. Runs on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import pytest
+from store_helpers import T0, ev, new_run
+
+from store import ConflictError, FencedError, NewSnapshot, RunNotFoundError
+
+
+def item(run_id: str, *seqs: int, token: int = 1, **extra):
+    return {"run_id": run_id, "events": [ev(s) for s in seqs], "token": token, "now": T0 + 10, **extra}
+
+
+def seqs(store, run_id: str) -> list[int]:
+    return [e.seq for e in store.events(run_id)]
+
+
+def test_appends_of_several_runs_commit_together_each_under_its_own_fence(store):
+    # Given three runs leased by w1, one of them since taken over (token 2)
+    for run_id in ("a", "b", "c"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    store.leases.acquire("b", owner="w2", ttl=30, now=T0 + 30)
+    # When w1's appends for all three (two for a) and one for a run that does not exist arrive together
+    results = store.append_many([item("a", 2), item("b", 2), item("c", 2, 3), item("a", 3), item("ghost", 2)])
+    # Then a and c are journaled, b is fenced and unchanged, the missing run is named
+    assert [type(r).__name__ if r else None for r in results] == [
+        None, "FencedError", None, None, "RunNotFoundError"]
+    assert isinstance(results[1], FencedError) and isinstance(results[4], RunNotFoundError)
+    assert seqs(store, "a") == [1, 2, 3] and seqs(store, "c") == [1, 2, 3] and seqs(store, "b") == [1]
+
+
+def test_after_a_failed_append_of_a_run_its_later_appends_are_not_written(store):
+    # Given a run whose lease was taken over
+    new_run(store, "a", owner="w1", ttl=30)
+    store.leases.acquire("a", owner="w2", ttl=30, now=T0 + 30)
+    # When two stale appends of it arrive, the second with the current token
+    results = store.append_many([item("a", 2), item("a", 3, token=2)])
+    # Then neither is written: the second would leave a gap at seq 2
+    assert all(isinstance(r, FencedError) for r in results)
+    assert seqs(store, "a") == [1]
+
+
+def test_status_snapshot_and_release_ride_in_the_group(store):
+    new_run(store, "a", owner="w1", ttl=30)
+    new_run(store, "b", owner="w1", ttl=30)
+    # When one run finishes (status, snapshot, lease released) in the same group as another's step
+    snap = NewSnapshot(seq=2, state="{}", sha256="h2", trigger="final", created_at=T0 + 10)
+    results = store.append_many([
+        item("a", 2, status="completed", finished=True, snapshot=snap, keep_snapshots=3, release_lease=True),
+        item("b", 2)])
+    # Then both are journaled, and a is completed, released and snapshotted
+    assert results == [None, None]
+    run = store.get_run("a")
+    assert (run.status, run.finished_at, run.lease_owner) == ("completed", T0 + 10, None)
+    assert [s.seq for s in store.snapshots("a")] == [2]
+    assert store.get_run("b").status == "pending" and seqs(store, "b") == [1, 2]
+
+
+def test_a_duplicate_seq_fails_only_its_append(store):
+    # Given a run that already has seq 2
+    new_run(store, "a", owner="w1", ttl=30, events=2)
+    new_run(store, "b", owner="w1", ttl=30)
+    # When a group holds an append at seq 2 again, and another run's append
+    results = store.append_many([item("a", 2), item("b", 2)])
+    # Then the duplicate is a conflict and the other append is journaled
+    assert isinstance(results[0], ConflictError) and results[1] is None
+    assert seqs(store, "a") == [1, 2] and seqs(store, "b") == [1, 2]
+
+
+def test_nothing_to_append_and_bad_arguments(store):
+    assert store.append_many([]) == []
+    with pytest.raises(ValueError, match="status"):
+        store.append_many([item("a", 2, finished=True)])
+    with pytest.raises(ConflictError):
+        store.append_many([item("a", 2, 2)])
+
+
+def test_a_grouped_append_carries_everything_a_direct_append_does(store):
+    # Given two leased runs, one with a pending signal and two snapshots already
+    for run_id in ("a", "b"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    signal = store.signals.send("a", "approval", '{"ok": true}', now=T0 + 1)
+    for seq in (2, 3):
+        old = NewSnapshot(seq=seq, state="{}", sha256=f"h{seq}", trigger="periodic", created_at=T0 + seq)
+        store.append("a", [ev(seq)], token=1, now=T0 + seq, snapshot=old)
+    meta = dict(workflow="wf", version="2", fingerprint="fp2", agentsaga_version="9.9", python_version="3.x",
+                config_hash="cfg")
+    snap = NewSnapshot(seq=4, state='{"x": 1}', sha256="h4", trigger="gate:review", created_at=T0 + 10, **meta)
+    # When a's append with a snapshot (keep 2), a consumed signal and a migrated version rides in a group
+    results = store.append_many([
+        item("a", 4, snapshot=snap, keep_snapshots=2, consume_signals=[signal], workflow_version=("2", "fp2")),
+        item("b", 2)])
+    # Then the snapshot is in the catalog with its metadata and size, the oldest one is pruned,
+    assert results == [None, None]
+    catalog = store.snapshot_catalog("a")
+    assert [(s.seq, s.trigger) for s in catalog] == [(4, "gate:review"), (3, "periodic")]
+    newest = catalog[0]
+    assert (newest.workflow, newest.version, newest.fingerprint, newest.agentsaga_version, newest.python_version,
+            newest.config_hash, newest.size_bytes) == ("wf", "2", "fp2", "9.9", "3.x", "cfg", len('{"x": 1}'))
+    # and the signal is consumed and the run row carries the new version, as a direct append leaves them
+    assert store.signals.pending("a") == []
+    run = store.get_run("a")
+    assert (run.version, run.fingerprint) == ("2", "fp2")
+
+
+def test_a_grouped_append_is_rejected_whole_with_a_negative_keep(store):
+    new_run(store, "a", owner="w1", ttl=30)
+    snap = NewSnapshot(seq=2, state="{}", sha256="h2", trigger="final", created_at=T0 + 10)
+    with pytest.raises(ValueError, match="keep_snapshots"):
+        store.append_many([item("a", 2, snapshot=snap, keep_snapshots=-1)])
+    assert seqs(store, "a") == [1]
+
+
+def test_a_run_created_with_one_event_and_a_snapshot_keeps_its_snapshot(store):
+    # Given a run brought in with its one event and a snapshot of it (a restore)
+    snap = NewSnapshot(seq=1, state="{}", sha256="h1", trigger="restore", created_at=T0, workflow="wf")
+    new_run(store, "a", owner="w1", ttl=30, snapshot=snap)
+    # Then the snapshot is written with the run (the one-statement create is for a run without one)
+    assert [(s.seq, s.trigger, s.workflow) for s in store.snapshot_catalog("a")] == [(1, "restore", "wf")]
+    assert seqs(store, "a") == [1]
