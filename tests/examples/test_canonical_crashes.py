@@ -28,7 +28,7 @@ from orchestrator.testing import BookingService, ChatServer, reply, tool_call
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG = 120  # a bound on every wait, never an expectation of how long something takes
-PG_SAMPLE = {1, 3}  # the calls Postgres is killed at (all of them on SQLite)
+PG_SAMPLE = {1, 3}  # the calls Postgres is killed at (all of them on SQLite); tests/examples/conftest.py deselects the rest
 
 
 class Hold:
@@ -99,18 +99,12 @@ def bookings(hold: Hold, *, decline: bool) -> Iterator[BookingService]:
         yield service
 
 
-def skip_unsampled(db_url: str, k: int | None) -> None:
-    if db_url.startswith("postgres") and k is not None and k not in PG_SAMPLE:
-        pytest.skip("Postgres runs a sample of the crash points")
-
-
 # -- the booking saga: 3 bookings, a declined payment, 3 cancels --------------------------------------
 SAGA_CALLS = 7
 
 
 @pytest.mark.parametrize("k", crash_points(SAGA_CALLS), ids=lambda k: "clean" if k is None else f"kill@{k}")
 def test_booking_saga_survives_sigkill_at_every_call(db_url, tmp_path, program_env, k):
-    skip_unsampled(db_url, k)
     hold = Hold(k)
     with bookings(hold, decline=True) as service:
         env = program_env(BOOKING_API=service.url)
@@ -153,7 +147,6 @@ def model(hold: Hold) -> Callable[[dict, int], Any]:
 
 @pytest.mark.parametrize("k", crash_points(TOOL_LOOP_CALLS), ids=lambda k: "clean" if k is None else f"kill@{k}")
 def test_tool_loop_survives_sigkill_at_every_model_call(db_url, tmp_path, program_env, k):
-    skip_unsampled(db_url, k)
     hold = Hold(k)
     with ChatServer(model(hold)) as chat:
         env = program_env(OPENAI_BASE_URL=chat.url, OPENAI_MODEL="m", OPENAI_API_KEY="sk-test")
