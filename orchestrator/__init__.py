@@ -11,6 +11,7 @@ redaction), ``orchestrator.testing`` (a scripted model server, a booking service
 
 from typing import TYPE_CHECKING
 
+from orchestrator._lazy import lazy_exports
 from orchestrator.errors import (
     CircuitOpenError,
     CodeChangedError,
@@ -54,20 +55,7 @@ if TYPE_CHECKING:
 _LAZY = {"Orchestrator": "orchestrator._orchestrator", "StepContext": "orchestrator.engine.context",
          "RunResult": "orchestrator.engine.result"}
 
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 __all__ = [
     "Orchestrator",

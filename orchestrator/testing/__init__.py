@@ -15,7 +15,9 @@ production run would send.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from orchestrator._lazy import lazy_exports
 
 # Imported on first use rather than here: ``python -m orchestrator.testing.booking_service``
 # imports this package first, and a package that had already imported the module it is about to
@@ -39,16 +41,4 @@ if TYPE_CHECKING:
 __all__ = ["BookingService", "ChatServer", "FakeClock", "Reply", "error", "reply", "tool_call", "tool_calls"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'orchestrator.testing' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
