@@ -22,7 +22,7 @@ def approve(ctx, state):
     return {"approved": ctx.wait_for("approval")["ok"]}
 
 
-@refund.step(effect=True)
+@refund.step
 def pay(ctx, state):
     if state["approved"]:
         ctx.http.post(f"{os.environ['BOOKING_API']}/payments", json={"amount": -120})

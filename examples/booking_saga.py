@@ -1,6 +1,7 @@
 """A saga: book a flight, a hotel and a car, then pay; when the payment is declined, the bookings
-are cancelled newest first. Each booking is an effect: ctx.http sends its idempotency key, so a
-booking re-sent after a crash is recognised by the service, never made twice.
+are cancelled newest first. Each booking is an effect with a compensation. ctx.http sends the step's
+idempotency key, so a booking or payment re-sent after a crash is recognised by the service, never
+made twice.
 
     python -m orchestrator.testing.booking_service --port 8000 --fail-payments 402 &
     BOOKING_API=http://127.0.0.1:8000 python examples/booking_saga.py
@@ -28,7 +29,7 @@ def cancel(ctx, effect):
 
 for kind in ("flight", "hotel", "car"):
     trip.step(book, name=kind, compensate=cancel)
-trip.step(book, name="payment", effect=True)
+trip.step(book, name="payment")
 
 if __name__ == "__main__":
     result = Orchestrator().run(trip, {"api": os.environ["BOOKING_API"], "city": "Lisbon"}, run_id="trip")
