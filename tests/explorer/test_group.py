@@ -1,0 +1,204 @@
+"""The explorer across the group-commit path: three runs driven at once in one process.
+
+Given an uninterrupted reference of the group (three runs of one workflow on one event loop: their
+completions share ``append_many`` transactions, two of the runs are created on the creator thread,
+one run compensates while the others complete), which names every moment of every run (before and
+after each transaction that carries one of its appends, grouped or direct, each ``create_run``,
+each request before it leaves and after the service acted):
+
+- crash sweep: when the process dies at each named moment (every one, on both backends), and a
+  fresh process takes the runs over (``resume`` or, alternately, ``recover`` once the leases
+  lapsed; the other way round on the other backend), then every run ends as in the reference: no
+  completed step executed again, no booking taken twice, the one compensation made once, journal
+  seqs 1..n, the same final status and state, ``verify`` clean;
+- fault sweep: when a write of the group fails (nothing written: ``raise``), commits with its reply
+  lost (``lost``), refuses one run's appends while writing the others' (``item``), or meets a
+  takeover of one run's lease just before it (``fence``), then the runs the fault did not touch go
+  on to their end in that same drive, the touched run stops with exactly the faulted append
+  missing (or, for ``lost``, present) and no gap, and once the database answers the same process
+  resumes it to the reference's outcome;
+- SIGKILL sample: a real child process drives the group and SIGKILLs itself at a sampled moment
+  (seeded as in test_sigkill.py); this process then takes the runs over, with the same checks.
+
+Replay: ``EXPLORER_ONLY='group:before r2 StepCompleted:reserve#1'`` restricts a sweep or the sample
+to the named moments (``,`` between several).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from explorer_group import (
+    RUNS,
+    STATUS,
+    check_group,
+    check_group_reference,
+    explore_group,
+    targets,
+)
+from explorer_harness import Plan, outgoing_calls_instrumented
+
+from orchestrator import RunResult
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+SEED = int(os.environ.get("EXPLORER_SEED", "20261122"))
+KILLS = 2  # SIGKILL sample per backend
+HANG = 120
+
+
+def chosen(all_targets: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    spec = os.environ.get("EXPLORER_ONLY")
+    if not spec:
+        return all_targets
+    name, _, rest = spec.partition(":")
+    if name != "group":
+        return []
+    wanted = {tuple(x.rsplit("#", 1)) for x in rest.split(",")}
+    return [(t, n) for t, n in all_targets if (t, str(n)) in wanted]
+
+
+def reproduce(test: str, backend: str, target: str, nth: int, seed: bool = False) -> str:
+    return (f"\n    reproduce: {f'EXPLORER_SEED={SEED} ' if seed else ''}EXPLORER_ONLY='group:{target}#{nth}' "
+            f"python -m pytest -p no:cacheprovider tests/explorer/test_group.py -k '{test} and {backend}'")
+
+
+def reference_of(db_url: str):
+    with outgoing_calls_instrumented():
+        reference = explore_group(db_url, "group-reference", Plan())
+    check_group_reference(reference)
+    return reference
+
+
+def grouped(label: str) -> bool:
+    """Whether a point's label is a transaction that carried appends of more than one run."""
+    return label.startswith(("before append_many[", "after append_many[")) and len(set(re.findall(r"\br\d\b", label))) > 1
+
+
+@pytest.mark.slow
+def test_a_crash_at_every_moment_of_a_group_leaves_every_run_as_in_the_reference(db_url, explored, request):
+    backend = request.node.callspec.params["db_url"]
+    reference = reference_of(db_url)
+    todo = chosen(targets(reference))
+    failures, on_group = [], 0
+    with outgoing_calls_instrumented():
+        for i, (target, nth) in enumerate(todo):
+            takeover = ("recover", "resume")[(i + (backend == "postgres")) % 2]
+            outcome = explore_group(db_url, f"group-crash-{i}", Plan(target=target, nth=nth), takeover=takeover)
+            dead = outcome.processes[0].dead
+            problems = check_group(outcome, reference)
+            if dead is None:
+                problems.append("the moment was never reached")
+            elif grouped(outcome.points[-1]):
+                on_group += 1
+            if problems:
+                failures.append(f"crash at {target} #{nth} ({takeover}) on {backend}: " + "; ".join(problems)
+                                + reproduce("crash", backend, target, nth))
+    explored[("crash", "group", backend)] = (len(todo), len(failures))
+    print(f"explorer crash: group on {backend}: {len(todo)} moments explored, {on_group} of them in a transaction "
+          f"of several runs, {len(failures)} violations")
+    assert not failures, "\n".join(failures)
+    assert not todo or on_group > 0, "no crash landed in a grouped transaction: the flow no longer groups"
+
+
+def _fault_problems(outcome, target: str, mode: str) -> list[str]:
+    """The fault's own promises: the runs it did not touch went on; the touched runs' journals hold
+    exactly what the fault let through, with no gap."""
+    first = outcome.processes[0]
+    problems = []
+    if first.faulted is None:
+        return ["the write was never reached"]
+    tag = re.findall(r"\br\d\b", target)[0]
+    items = first.fault_items
+    touched = {tag} if mode in ("item", "fence") else (set(items) or {tag})
+    for other in RUNS:
+        if other in touched:
+            continue
+        res = outcome.first.get(other)
+        if not isinstance(res, RunResult) or res.status != STATUS[other]:
+            problems.append(f"run {other}, untouched by the fault, did not go on to its end: {res!r}")
+    for run, seqs in items.items():
+        journal = {e["seq"] for e in outcome.mid.get(run, [])}
+        written = [s for s in seqs if s in journal]
+        should = mode == "lost" or run not in touched
+        if should and written != seqs:
+            problems.append(f"run {run}: seqs {seqs} of the faulted write should be journaled, found {written}")
+        if not should and written:
+            problems.append(f"run {run}: seqs {written} of the refused write were journaled (half-written)")
+    for run, history in outcome.mid.items():
+        seqs = [e["seq"] for e in history]
+        if seqs != list(range(1, len(seqs) + 1)):
+            problems.append(f"run {run}: right after the fault its journal's seqs are not 1..n: {seqs}")
+    return problems
+
+
+@pytest.mark.slow
+def test_a_failed_group_write_stops_only_the_runs_it_touched_and_they_resume_to_the_reference(
+        db_url, explored, request):
+    backend = request.node.callspec.params["db_url"]
+    reference = reference_of(db_url)
+    todo = chosen(targets(reference, writes_only=True))
+    failures, explored_n, on_group = [], 0, 0
+    with outgoing_calls_instrumented():
+        for i, (target, nth) in enumerate(todo):
+            appends = "create_run[" not in target
+            # Whole-write faults alternate between the two kinds, the other way round on the other
+            # backend; the one-run faults (an append's verdict, a takeover) hit every append.
+            modes = [("raise", "lost")[(i + (backend == "postgres")) % 2]] + (["item", "fence"] if appends else [])
+            for mode in modes:
+                outcome = explore_group(db_url, f"group-{mode}-{i}", Plan(target=target, nth=nth, what=mode))
+                explored_n += 1
+                problems = _fault_problems(outcome, target, mode) + check_group(outcome, reference)
+                faulted = outcome.processes[0].faulted or ""
+                on_group += grouped(faulted.partition("(")[2])
+                if problems:
+                    failures.append(f"{mode} at {target} #{nth} on {backend}: " + "; ".join(problems)
+                                    + reproduce("fault", backend, target, nth))
+    explored[("fault", "group", backend)] = (explored_n, len(failures))
+    print(f"explorer fault: group on {backend}: {explored_n} faults explored, {on_group} of them in a transaction "
+          f"of several runs, {len(failures)} violations")
+    assert not failures, "\n".join(failures)
+    assert not todo or on_group > 0, "no fault landed in a grouped transaction: the flow no longer groups"
+
+
+@pytest.mark.slow
+def test_a_group_sigkilled_at_a_sampled_moment_is_taken_over_to_the_reference(db_url, explored, request, tmp_path):
+    backend = request.node.callspec.params["db_url"]
+    reference = reference_of(db_url)
+    every = targets(reference)
+    todo = sorted(random.Random(f"{SEED}:group:{backend}").sample(every, KILLS), key=every.index)
+    only = os.environ.get("EXPLORER_ONLY")
+    if only:
+        todo = chosen(every)
+    print(f"explorer sigkill: group on {backend}: seed {SEED}, moments {todo} of {len(every)}")
+    failures = []
+    for i, (target, nth) in enumerate(todo):
+        base = f"group-kill-{i}"
+        ledger = tmp_path / f"ledger-{i}.jsonl"
+
+        def child(world, base=base, ledger=ledger, target=target, nth=nth):
+            done = subprocess.run(
+                [sys.executable, str(HERE / "explorer_child.py"), db_url, base, "group", f"{nth}|{target}", world.api,
+                 "", str(ledger)], check=False, cwd=ROOT, capture_output=True, text=True, timeout=HANG)
+            assert done.returncode == -signal.SIGKILL, (
+                f"child for group at {target} #{nth} exited {done.returncode} instead of being SIGKILLed:\n"
+                f"{done.stderr[-3000:]}")
+            world.ledger_path = str(ledger)
+
+        takeover = ("resume", "recover")[i % 2]
+        with outgoing_calls_instrumented():
+            outcome = explore_group(db_url, base, Plan(target=target, nth=nth, what="kill"), takeover=takeover,
+                                    child=child)
+        problems = check_group(outcome, reference)
+        if problems:
+            failures.append(f"SIGKILL at {target} #{nth} ({takeover}) on {backend}: " + "; ".join(problems)
+                            + reproduce("sigkill", backend, target, nth, seed=True))
+    explored[("sigkill", "group", backend)] = (len(todo), len(failures))
+    assert not failures, "\n".join(failures)
