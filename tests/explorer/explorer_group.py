@@ -30,6 +30,7 @@ import asyncio
 import json
 import re
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,7 +103,9 @@ class Lockstep:
 class Group:
     """The group's workflow, closed over one exploration's world and lockstep."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, *, careless: bool = False) -> None:
+        """``careless``: the checker's broken world (test_checker.py): each execution of ``reserve``
+        books with a fresh idempotency key, so a run re-sent after a crash books twice."""
         self.lockstep = Lockstep()
         lockstep = self.lockstep
         wf = Workflow("group", version="1")
@@ -114,7 +117,8 @@ class Group:
         async def reserve(ctx, state):
             world.executed(ctx)
             tag = run_tag(ctx.run_id)
-            booked = ctx.http.post(f"{world.api}/cars?run={tag}", json={"car": tag}).json()
+            headers = {"Idempotency-Key": uuid.uuid4().hex} if careless else None
+            booked = ctx.http.post(f"{world.api}/cars?run={tag}", json={"car": tag}, headers=headers).json()
             await lockstep.arrive(ctx.run_id)
             return {"car": booked["id"]}
 
@@ -241,7 +245,7 @@ def targets(reference: GroupOutcome, *, writes_only: bool = False) -> list[tuple
 
 
 def explore_group(url: str, base: str, plan: Plan, *, takeover: str = "resume",
-                  child: Callable[[World], Any] | None = None) -> GroupOutcome:
+                  child: Callable[[World], Any] | None = None, careless: bool = False) -> GroupOutcome:
     """One scenario of the group: a first process with ``plan`` drives the three runs together; if it
     died, a fresh process takes the runs over (``takeover``: ``resume``, or ``recover`` once their
     leases lapsed); if a write failed, the same process resumes the runs once the database answers.
@@ -252,7 +256,7 @@ def explore_group(url: str, base: str, plan: Plan, *, takeover: str = "resume",
     service.start()
     try:
         world = World(service=service, clock=FakeClock(T0))
-        group = Group(world)
+        group = Group(world, careless=careless)
         ids = run_ids(base)
         first = new_process("gen0", plan)
         processes = [first]
@@ -353,6 +357,38 @@ def check_group(outcome: GroupOutcome, reference: GroupOutcome) -> list[str]:
         ok, text = outcome.verify[tag]
         if not ok:
             problems.append(f"run {tag}: verify is not clean: {text}")
+    return problems
+
+
+def check_fault(outcome: GroupOutcome, target: str, mode: str) -> list[str]:
+    """A fault's own promises: the runs it did not touch went on to their end in the same drive; the
+    runs it touched hold exactly what the fault let through (nothing of a refused write, all of a
+    write whose reply was lost), with no gap, right after it."""
+    first = outcome.processes[0]
+    if first.faulted is None:
+        return ["the write was never reached"]
+    problems = []
+    tag = re.findall(r"\br\d\b", target)[0]
+    items = first.fault_items
+    touched = {tag} if mode in ("item", "fence") else (set(items) or {tag})
+    for other in RUNS:
+        if other in touched:
+            continue
+        res = outcome.first.get(other)
+        if not isinstance(res, RunResult) or res.status != STATUS[other]:
+            problems.append(f"run {other}, untouched by the fault, did not go on to its end: {res!r}")
+    for run, seqs in items.items():
+        journal = {e["seq"] for e in outcome.mid.get(run, [])}
+        written = [s for s in seqs if s in journal]
+        should = mode == "lost" or run not in touched
+        if should and written != seqs:
+            problems.append(f"run {run}: seqs {seqs} of the faulted write should be journaled, found {written}")
+        if not should and written:
+            problems.append(f"run {run}: seqs {written} of the refused write were journaled (half-written)")
+    for run, history in outcome.mid.items():
+        seqs = [e["seq"] for e in history]
+        if seqs != list(range(1, len(seqs) + 1)):
+            problems.append(f"run {run}: right after the fault its journal's seqs are not 1..n: {seqs}")
     return problems
 
 

@@ -36,16 +36,13 @@ from pathlib import Path
 
 import pytest
 from explorer_group import (
-    RUNS,
-    STATUS,
+    check_fault,
     check_group,
     check_group_reference,
     explore_group,
     targets,
 )
 from explorer_harness import Plan, outgoing_calls_instrumented
-
-from orchestrator import RunResult
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -108,39 +105,8 @@ def test_a_crash_at_every_moment_of_a_group_leaves_every_run_as_in_the_reference
     assert not todo or on_group > 0, "no crash landed in a grouped transaction: the flow no longer groups"
 
 
-def _fault_problems(outcome, target: str, mode: str) -> list[str]:
-    """The fault's own promises: the runs it did not touch went on; the touched runs' journals hold
-    exactly what the fault let through, with no gap."""
-    first = outcome.processes[0]
-    problems = []
-    if first.faulted is None:
-        return ["the write was never reached"]
-    tag = re.findall(r"\br\d\b", target)[0]
-    items = first.fault_items
-    touched = {tag} if mode in ("item", "fence") else (set(items) or {tag})
-    for other in RUNS:
-        if other in touched:
-            continue
-        res = outcome.first.get(other)
-        if not isinstance(res, RunResult) or res.status != STATUS[other]:
-            problems.append(f"run {other}, untouched by the fault, did not go on to its end: {res!r}")
-    for run, seqs in items.items():
-        journal = {e["seq"] for e in outcome.mid.get(run, [])}
-        written = [s for s in seqs if s in journal]
-        should = mode == "lost" or run not in touched
-        if should and written != seqs:
-            problems.append(f"run {run}: seqs {seqs} of the faulted write should be journaled, found {written}")
-        if not should and written:
-            problems.append(f"run {run}: seqs {written} of the refused write were journaled (half-written)")
-    for run, history in outcome.mid.items():
-        seqs = [e["seq"] for e in history]
-        if seqs != list(range(1, len(seqs) + 1)):
-            problems.append(f"run {run}: right after the fault its journal's seqs are not 1..n: {seqs}")
-    return problems
-
-
 @pytest.mark.slow
-def test_a_failed_group_write_stops_only_the_runs_it_touched_and_they_resume_to_the_reference(
+def test_a_fault_in_a_group_write_stops_only_the_runs_it_touched_and_they_resume_to_the_reference(
         db_url, explored, request):
     backend = request.node.callspec.params["db_url"]
     reference = reference_of(db_url)
@@ -155,7 +121,7 @@ def test_a_failed_group_write_stops_only_the_runs_it_touched_and_they_resume_to_
             for mode in modes:
                 outcome = explore_group(db_url, f"group-{mode}-{i}", Plan(target=target, nth=nth, what=mode))
                 explored_n += 1
-                problems = _fault_problems(outcome, target, mode) + check_group(outcome, reference)
+                problems = check_fault(outcome, target, mode) + check_group(outcome, reference)
                 faulted = outcome.processes[0].faulted or ""
                 on_group += grouped(faulted.partition("(")[2])
                 if problems:
