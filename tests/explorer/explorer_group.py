@@ -7,8 +7,10 @@ transaction (``create_run``) is made on a creator thread. The single-run flows n
 path. Here three runs of one workflow are driven together (``asyncio.gather`` of ``arun``):
 
 - ``reserve``: an effect, a car booked through ``ctx.http`` (the body names the run);
-- ``confirm``: a durable call, then run ``r2``'s card is declined: its saga cancels its car while
-  the two other runs complete.
+- two parallel async branches: ``quote`` (a durable call) and ``confirm``, where run ``r2``'s
+  card is declined (a synchronous commit, queued behind its sibling's grouped completion): its
+  saga cancels its car while the two other runs go on;
+- ``wrap``, the join.
 
 A *lockstep* holds each run's step, once its outside-world calls are done, until every run driven
 beside it got to the same place (or ended), then releases them all in one turn of the event loop:
@@ -62,23 +64,23 @@ STATUS = {"r1": "completed", "r2": "compensated", "r3": "completed"}
 
 
 class Lockstep:
-    """Holds each run at ``arrive`` until every run of ``active`` is held too (or ended), then lets
-    them all go in the same turn of the event loop. A run not in ``active`` passes straight through."""
+    """Holds each step that arrives until every run of ``active`` has a step held (or ended), then
+    lets them all go in the same turn of the event loop. A run not in ``active`` passes straight through."""
 
     def __init__(self) -> None:
         self.active: set[str] = set()
-        self.waiting: dict[str, asyncio.Future] = {}
+        self.waiting: dict[tuple[str, str], asyncio.Future] = {}
 
     def begin(self, run_ids: Any) -> None:
         self.active = set(run_ids)
         self.waiting = {}
 
-    async def arrive(self, run_id: str) -> None:
+    async def arrive(self, run_id: str, step: str) -> None:
         if run_id not in self.active:
             return
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.waiting[run_id] = future
+        self.waiting[(run_id, step)] = future
         self._release(loop)
         await future
 
@@ -88,11 +90,11 @@ class Lockstep:
             self._release(asyncio.get_running_loop())
 
     def _release(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self.waiting or not self.active <= set(self.waiting):
+        if not self.waiting or not self.active <= {run_id for run_id, _ in self.waiting}:
             return
         held, self.waiting = list(self.waiting.values()), {}
 
-        def go() -> None:  # on the next turn: every held run wakes in the same turn
+        def go() -> None:  # on the next turn: every held step wakes in the same turn
             for future in held:
                 if not future.done():
                     future.set_result(None)
@@ -101,7 +103,11 @@ class Lockstep:
 
 
 class Group:
-    """The group's workflow, closed over one exploration's world and lockstep."""
+    """The group's workflow, closed over one exploration's world and lockstep: ``reserve`` books a car
+    (an effect); then two parallel async branches, ``quote`` (a durable call) and ``confirm`` (r2's
+    card is declined: its failure is a synchronous commit, queued behind its sibling's grouped
+    completion); a join, ``wrap``. Each run's branches complete in the same turn, so one
+    transaction can carry two appends of one run beside other runs' (a failed one stops the other)."""
 
     def __init__(self, world: World, *, careless: bool = False) -> None:
         """``careless``: the checker's broken world (test_checker.py): each execution of ``reserve``
@@ -119,21 +125,36 @@ class Group:
             tag = run_tag(ctx.run_id)
             headers = {"Idempotency-Key": uuid.uuid4().hex} if careless else None
             booked = ctx.http.post(f"{world.api}/cars?run={tag}", json={"car": tag}, headers=headers).json()
-            await lockstep.arrive(ctx.run_id)
+            await lockstep.arrive(ctx.run_id, "reserve")
             return {"car": booked["id"]}
+
+        @wf.step()
+        async def quote(ctx, state):
+            world.executed(ctx)
+            tag = run_tag(ctx.run_id)
+            price = ctx.durable_call("quote", {"run": tag}, lambda: 100 + int(tag[1:]))
+            await lockstep.arrive(ctx.run_id, "quote")
+            return {"price": price}
 
         @wf.step()
         async def confirm(ctx, state):
             world.executed(ctx)
             tag = run_tag(ctx.run_id)
-            price = ctx.durable_call("quote", {"run": tag}, lambda: 100 + int(tag[1:]))
-            await lockstep.arrive(ctx.run_id)
+            await lockstep.arrive(ctx.run_id, "confirm")
             if tag == DECLINED:
                 raise RuntimeError(f"the card of {tag} was declined")
-            return {"price": price}
+            return {"confirmed": tag}
 
+        @wf.step()
+        async def wrap(ctx, state):
+            world.executed(ctx)
+            await lockstep.arrive(ctx.run_id, "wrap")
+            return {"total": state["price"] + 1}
+
+        wf.edge("reserve", "quote")
         wf.edge("reserve", "confirm")
-        wf.edge("confirm", END)
+        wf.edge(["quote", "confirm"], "wrap")
+        wf.edge("wrap", END)
         self.workflow = wf
 
 
