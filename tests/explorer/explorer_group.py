@@ -209,7 +209,7 @@ def drive_group(group: Group, world: World, orc: Orchestrator, process: Process,
         CURRENT.reset(token)
 
 
-def _created(orc: Orchestrator, ids: list[str]) -> set[str]:
+def created_runs(orc: Orchestrator, ids: list[str]) -> set[str]:
     created = set()
     for rid in ids:
         try:
@@ -307,7 +307,7 @@ def explore_group(url: str, base: str, plan: Plan, *, takeover: str = "resume",
             elif any(isinstance(r, BaseException) for r in results.values()):
                 # A process that met a failed write lives on, and resumes its runs once the database
                 # answers; first, what the journals hold right after the fault.
-                mid = {run_tag(rid): orcs[0].history(rid) if rid in _created(orcs[0], ids) else [] for rid in ids}
+                mid = {run_tag(rid): orcs[0].history(rid) if rid in created_runs(orcs[0], ids) else [] for rid in ids}
                 results = drive_group(group, world, orcs[0], first, ids)
             reader = orcs[-1]
             final = {}

@@ -237,6 +237,9 @@ def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[...,
             process.fault_items = _seqs(op, args, kwargs)
         if fault == "raise":
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
+        if fault in ("item", "fence") and op not in ("append", "append_many"):
+            # A one-run fault counted onto a write that is not an append: the write fails whole.
+            raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
         if fault in ("item", "fence"):
             out = _fault_one_run(process, op, real, args, kwargs, fault, label, k)
         else:
@@ -267,12 +270,13 @@ def _fault_one_run(process: Process, op: str, real: Callable[..., Any], args: tu
     """A fault that hits one run of a write (the plan's target names it): ``fence``, its lease is taken
     over by another process just before the write (the store then fences that run's appends);
     ``item``, its appends in a group get an error verdict, the others' are written."""
-    target_tag = (process.plan.target or "").split(" ")[1]
     if op == "append_many":
         appends = list(args[0] if args else kwargs["appends"])
         run_ids = [a["run_id"] for a in appends]
     else:
         run_ids = [args[0] if args else kwargs["run_id"]]
+    # The run the target names; a fault counted (``at``) hits the write's first run.
+    target_tag = process.plan.target.split(" ")[1] if process.plan.target else run_tag(run_ids[0])
     run_id = next(r for r in run_ids if run_tag(r) == target_tag)
     if fault == "fence":
         # A paused or partitioned process is fenced out by a takeover (which is then never heard of
