@@ -7,7 +7,7 @@ transaction (``create_run``) is made on a creator thread. The single-run flows n
 path. Here three runs of one workflow are driven together (``asyncio.gather`` of ``arun``):
 
 - ``reserve``: an effect, a car booked through ``ctx.http`` (the body names the run);
-- two parallel async branches: ``quote`` (a durable call) and ``confirm``, where run ``r2``'s
+- two parallel async branches: ``quote`` (an async durable call) and ``confirm``, where run ``r2``'s
   card is declined (a synchronous commit, queued behind its sibling's grouped completion): its
   saga cancels its car while the two other runs go on;
 - ``wrap``, the join.
@@ -104,7 +104,7 @@ class Lockstep:
 
 class Group:
     """The group's workflow, closed over one exploration's world and lockstep: ``reserve`` books a car
-    (an effect); then two parallel async branches, ``quote`` (a durable call) and ``confirm`` (r2's
+    (an effect); then two parallel async branches, ``quote`` (an async durable call) and ``confirm`` (r2's
     card is declined: its failure is a synchronous commit, queued behind its sibling's grouped
     completion); a join, ``wrap``. Each run's branches complete in the same turn, so one
     transaction can carry two appends of one run beside other runs' (a failed one stops the other)."""
@@ -132,9 +132,13 @@ class Group:
         async def quote(ctx, state):
             world.executed(ctx)
             tag = run_tag(ctx.run_id)
-            price = ctx.durable_call("quote", {"run": tag}, lambda: 100 + int(tag[1:]))
             await lockstep.arrive(ctx.run_id, "quote")
-            return {"price": price}
+
+            async def ask() -> int:
+                return 100 + int(tag[1:])
+
+            # The async durable call: its CallCompleted is an async commit, grouped like a completion.
+            return {"price": await ctx.adurable_call("quote", {"run": tag}, ask)}
 
         @wf.step()
         async def confirm(ctx, state):
