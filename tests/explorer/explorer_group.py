@@ -7,9 +7,9 @@ transaction (``create_run``) is made on a creator thread. The single-run flows n
 path. Here three runs of one workflow are driven together (``asyncio.gather`` of ``arun``):
 
 - ``reserve``: an effect, a car booked through ``ctx.http`` (the body names the run);
-- two parallel async branches: ``quote`` (an async durable call) and ``confirm``, where run ``r2``'s
-  card is declined (a synchronous commit, queued behind its sibling's grouped completion): its
-  saga cancels its car while the two other runs go on;
+- two parallel async branches: ``quote`` (an async durable call, grouped like a completion) and
+  ``confirm`` (a synchronous durable call, queued behind its sibling's commit while that one is
+  pending; then run ``r2``'s card is declined: its saga cancels its car while the others go on);
 - ``wrap``, the join.
 
 A *lockstep* holds each run's step, once its outside-world calls are done, until every run driven
@@ -49,6 +49,7 @@ from explorer_harness import (
     abandon,
     make_orchestrator,
     run_tag,
+    watch_committer,
 )
 
 from orchestrator import Orchestrator, RunResult
@@ -61,6 +62,8 @@ from workflows import END, Workflow
 RUNS = ("r1", "r2", "r3")
 DECLINED = "r2"
 STATUS = {"r1": "completed", "r2": "compensated", "r3": "completed"}
+#: the steps in the order the lockstep wakes them
+ORDER = ("reserve", "quote", "confirm", "wrap")
 
 
 class Lockstep:
@@ -92,7 +95,9 @@ class Lockstep:
     def _release(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.waiting or not self.active <= {run_id for run_id, _ in self.waiting}:
             return
-        held, self.waiting = list(self.waiting.values()), {}
+        # Woken in the workflow's order (quote before confirm), run by run: the same order every time.
+        held = [self.waiting[key] for key in sorted(self.waiting, key=lambda key: (ORDER.index(key[1]), key[0]))]
+        self.waiting = {}
 
         def go() -> None:  # on the next turn: every held step wakes in the same turn
             for future in held:
@@ -104,10 +109,10 @@ class Lockstep:
 
 class Group:
     """The group's workflow, closed over one exploration's world and lockstep: ``reserve`` books a car
-    (an effect); then two parallel async branches, ``quote`` (an async durable call) and ``confirm`` (r2's
-    card is declined: its failure is a synchronous commit, queued behind its sibling's grouped
-    completion); a join, ``wrap``. Each run's branches complete in the same turn, so one
-    transaction can carry two appends of one run beside other runs' (a failed one stops the other)."""
+    (an effect); then two parallel async branches, ``quote`` (an async durable call) and ``confirm``
+    (a synchronous durable call, then r2's card is declined); a join, ``wrap``. Each run's branches
+    wake in the same turn, so a run's two appends can share a transaction, or the second queue
+    behind the first (a failed one must stop the other)."""
 
     def __init__(self, world: World, *, careless: bool = False) -> None:
         """``careless``: the checker's broken world (test_checker.py): each execution of ``reserve``
@@ -145,6 +150,9 @@ class Group:
             world.executed(ctx)
             tag = run_tag(ctx.run_id)
             await lockstep.arrive(ctx.run_id, "confirm")
+            # A synchronous durable call, made while the sibling's async one is still with the group
+            # committer: its commit queues behind it (and must not be written if that one failed).
+            ctx.durable_call("check", {"run": tag}, lambda: "ok")
             if tag == DECLINED:
                 raise RuntimeError(f"the card of {tag} was declined")
             return {"confirmed": tag}
@@ -295,6 +303,7 @@ def explore_group(url: str, base: str, plan: Plan, *, takeover: str = "resume",
                 first.dead = f"{plan.target} #{plan.nth} (SIGKILL)"
             else:
                 orcs.append(make_orchestrator(url, first, world, [group.workflow]))
+                watch_committer(orcs[0], first)
                 try:
                     firsts = drive_group(group, world, orcs[0], first, ids)
                 except ProcessDied:

@@ -69,7 +69,9 @@ class Plan:
     as ``before r2 StepCompleted:reserve`` (the write that carries that append of run r2, grouped
     with other runs' or alone) or ``send POST /cars?run=r2``. Group writes have two more faults:
     ``item`` (the targeted run's appends in the batch get an error verdict, the others commit) and
-    ``fence`` (another process takes the targeted run's lease over just before the write)."""
+    ``fence`` (another process takes the targeted run's lease over just before the write); and
+    ``behind``: the group write is held until another append of the targeted run has been queued
+    behind it in the group committer, then fails whole (that later append must not be written)."""
 
     at: int | None = None
     what: str = "crash"
@@ -77,8 +79,8 @@ class Plan:
     nth: int = 1
 
     def __post_init__(self) -> None:
-        if self.what not in ("crash", "kill", "raise", "lost", "item", "fence"):
-            raise ValueError(f"Plan.what must be crash, kill, raise, lost, item or fence, got {self.what!r}")
+        if self.what not in ("crash", "kill", "raise", "lost", "item", "fence", "behind"):
+            raise ValueError(f"Plan.what must be crash, kill, raise, lost, item, fence or behind, got {self.what!r}")
 
 
 class Process:
@@ -100,6 +102,11 @@ class Process:
         self._hits = 0
         #: the seqs, per run tag, of the append a fault hit (what must, or must not, have been written)
         self.fault_items: dict[str, list[int]] = {}
+        #: appends handed to the group committer, per run tag (see ``watch_committer``)
+        self.queued: Counter[str] = Counter()
+        self.queued_changed = threading.Condition()
+        #: whether a ``behind`` fault saw a later append of its run queued before it failed the write
+        self.behind: bool | None = None
         self._lock = threading.Lock()
 
     def fence(self) -> None:
@@ -237,6 +244,10 @@ def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[...,
             process.fault_items = _seqs(op, args, kwargs)
         if fault == "raise":
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
+        if fault == "behind":
+            process.behind = _wait_for_one_behind(process, op)
+            raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k}), "
+                                        "with a later append of its run queued behind it")
         if fault in ("item", "fence") and op not in ("append", "append_many"):
             # A one-run fault counted onto a write that is not an append: the write fails whole.
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
@@ -250,6 +261,36 @@ def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[...,
         return out
 
     return write
+
+
+#: how long a ``behind`` fault holds its write for a later append to be queued (a guard against a
+#: hang, never reached when the flow queues one: the sibling branch's commit comes in the same turn)
+BEHIND_WAIT = 30.0
+
+
+def _wait_for_one_behind(process: Process, op: str) -> bool:
+    """Hold the lane's write until the targeted run queues another append behind it."""
+    if op != "append_many" or process.plan.target is None:
+        return False  # not the lane's write: nothing can queue behind it while it is held
+    tag = process.plan.target.split(" ")[1]
+    with process.queued_changed:
+        now = process.queued[tag]
+        return process.queued_changed.wait_for(lambda: process.queued[tag] > now, timeout=BEHIND_WAIT)
+
+
+def watch_committer(orc: Orchestrator, process: Process) -> None:
+    """Count the appends ``orc`` hands to its group committer, per run (what a ``behind`` fault waits for)."""
+    committer = orc.engine.journal.committer
+    real = committer.submit
+
+    def submit(run: Any, item: dict[str, Any]) -> Any:
+        future = real(run, item)
+        with process.queued_changed:
+            process.queued[run_tag(run.run_id)] += 1
+            process.queued_changed.notify_all()
+        return future
+
+    committer.submit = submit
 
 
 def _seqs(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, list[int]]:
