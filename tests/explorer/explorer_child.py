@@ -2,6 +2,9 @@
 
     python tests/explorer/explorer_child.py DB_URL RUN_ID FLOW K API CHAT_URL LEDGER
 
+For the ``group`` flow (three runs driven together, see explorer_group.py), RUN_ID is the base of
+the runs' ids and K names the moment: ``NTH|TARGET`` (the NTH point answering to TARGET).
+
 API and CHAT_URL are the parent's booking service and scripted model (they outlive this process);
 LEDGER is the file where each step execution is written (fsynced) before the step goes on. The
 process kills itself with SIGKILL when it reaches point K (no cleanup, no atexit, no flush); if it
@@ -17,6 +20,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).parent))
 
 from explorer_flows import FLOWS
+from explorer_group import Group, drive_group, new_process, run_ids
 from explorer_harness import (
     T0,
     Plan,
@@ -34,6 +38,14 @@ def main(argv: list[str]) -> int:
     url, run_id, name, k, api, chat_url, ledger = argv
     world = World(service=SimpleNamespace(url=api), clock=FakeClock(T0), chat_url=chat_url or None,
                   ledger_path=ledger)
+    if name == "group":
+        nth, _, target = k.partition("|")
+        group = Group(world)
+        process = new_process("gen0", Plan(target=target, nth=int(nth), what="kill"))
+        orc = make_orchestrator(url, process, world, [group.workflow])
+        with outgoing_calls_instrumented():
+            drive_group(group, world, orc, process, run_ids(run_id))
+        return 3
     flow = FLOWS[name](world)
     process = Process("gen0", Plan(at=int(k), what="kill"))
     orc = make_orchestrator(url, process, world, [flow.workflow])

@@ -44,7 +44,7 @@ import httpx._transports.default as _httpx_default
 from orchestrator import Orchestrator, RunResult
 from orchestrator.engine import TERMINAL_STATUSES
 from orchestrator.testing import BookingService, FakeClock
-from store import RunNotFoundError, StoreUnavailableError, open_store
+from store import ConflictError, RunNotFoundError, StoreUnavailableError, open_store
 
 T0 = 1_800_000_000.0
 #: The explorer's lease: long, so that no heartbeat is needed while a run is driven (heartbeats are
@@ -62,14 +62,25 @@ class ProcessDied(BaseException):
 @dataclass(frozen=True)
 class Plan:
     """What happens at crash point ``at``: ``crash`` (die) or ``kill`` (SIGKILL); or at the ``at``-th
-    store write: ``raise`` (it fails, nothing written) or ``lost`` (it commits, its caller hears it failed)."""
+    store write: ``raise`` (it fails, nothing written) or ``lost`` (it commits, its caller hears it failed).
+
+    With ``target`` instead of ``at`` (the runs of a group, whose points interleave as the scheduler
+    lets them), the moment is named, not counted: the ``nth`` point that answers to ``target``, such
+    as ``before r2 StepCompleted:reserve`` (the write that carries that append of run r2, grouped
+    with other runs' or alone) or ``send POST /cars?run=r2``. Group writes have two more faults:
+    ``item`` (the targeted run's appends in the batch get an error verdict, the others commit) and
+    ``fence`` (another process takes the targeted run's lease over just before the write); and
+    ``behind``: the group write is held until another append of the targeted run has been queued
+    behind it in the group committer, then fails whole (that later append must not be written)."""
 
     at: int | None = None
     what: str = "crash"
+    target: str | None = None
+    nth: int = 1
 
     def __post_init__(self) -> None:
-        if self.what not in ("crash", "kill", "raise", "lost"):
-            raise ValueError(f"Plan.what must be crash, kill, raise or lost, got {self.what!r}")
+        if self.what not in ("crash", "kill", "raise", "lost", "item", "fence", "behind"):
+            raise ValueError(f"Plan.what must be crash, kill, raise, lost, item, fence or behind, got {self.what!r}")
 
 
 class Process:
@@ -84,19 +95,39 @@ class Process:
         #: store writes begun (what a fault's ``at`` counts)
         self.writes = 0
         self.store: Any = None
+        #: labels name the run each point belongs to (a group of runs driven together)
+        self.tag_runs = False
+        #: the keys of every point passed, in order (what a targeted plan is matched against)
+        self.keys: list[tuple[str, ...]] = []
+        self._hits = 0
+        #: the seqs, per run tag, of the append a fault hit (what must, or must not, have been written)
+        self.fault_items: dict[str, list[int]] = {}
+        #: appends handed to the group committer, per run tag (see ``watch_committer``)
+        self.queued: Counter[str] = Counter()
+        self.queued_changed = threading.Condition()
+        #: whether a ``behind`` fault saw a later append of its run queued before it failed the write
+        self.behind: bool | None = None
         self._lock = threading.Lock()
 
     def fence(self) -> None:
         if self.dead is not None:
             raise ProcessDied(f"process {self.name} died at {self.dead}: nothing it runs acts any more")
 
-    def point(self, label: str) -> int:
-        """Pass one crash point; dies here when the plan says so. Returns the point's number."""
+    def point(self, label: str, keys: tuple[str, ...] | None = None) -> int:
+        """Pass one crash point (``keys``: the names a targeted plan may give it, by default its label);
+        dies here when the plan says so. Returns the point's number."""
         with self._lock:
             self.fence()
             self.points.append(label)
+            keys = keys or (label,)
+            self.keys.append(keys)
             k = len(self.points)
-            if k == self.plan.at and self.plan.what in ("crash", "kill"):
+            if self.plan.target is not None and self.plan.target in keys and self.plan.what in ("crash", "kill"):
+                self._hits += 1
+                hit = self._hits == self.plan.nth
+            else:
+                hit = k == self.plan.at
+            if hit and self.plan.what in ("crash", "kill"):
                 self.dead = f"point {k} ({label})"
                 if self.plan.what == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -109,7 +140,16 @@ class Process:
         interleave with outgoing calls)."""
         with self._lock:
             self.writes += 1
-            if self.writes == self.plan.at and self.plan.what in ("raise", "lost") and self.faulted is None:
+            if self.plan.what in ("crash", "kill") or self.faulted is not None:
+                return None
+            if self.plan.target is not None:
+                if self.plan.target not in self.keys[k - 1]:
+                    return None
+                self._hits += 1
+                hit = self._hits == self.plan.nth
+            else:
+                hit = self.writes == self.plan.at
+            if hit:
                 self.faulted = f"write {self.writes}, point {k} ({self.points[k - 1]})"
                 return self.plan.what
         return None
@@ -118,7 +158,7 @@ class Process:
 # -- the store boundary ------------------------------------------------------------------------------
 #: Every method that writes, per part of the Store ("" is the Store itself).
 WRITES: dict[str, tuple[str, ...]] = {
-    "": ("create_run", "append", "prune_snapshots", "delete_runs"),
+    "": ("create_run", "append", "append_many", "prune_snapshots", "delete_runs"),
     "leases": ("acquire", "release"),
     "queues": ("claim", "claim_some", "claim_from"),
     "wakeups": ("park", "wake"),
@@ -129,18 +169,46 @@ WRITES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _label(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def run_tag(run_id: str) -> str:
+    """The short name of a group's run in labels: ``group-crash-17.r2`` is ``r2`` (the same in every exploration)."""
+    return run_id.rsplit(".", 1)[-1]
+
+
+def _kinds(events: Any) -> str:
+    kinds = []
+    for event in events:
+        step = json.loads(event.data).get("step")
+        kinds.append(f"{event.kind}:{step}" if step else event.kind)
+    return ", ".join(kinds)
+
+
+def _extra(args: dict[str, Any]) -> str:
+    extra = [name for name in ("snapshot", "consume_signals", "release_lease") if args.get(name)]
+    return f" +{'+'.join(extra)}" if extra else ""
+
+
+def _label(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], tag_runs: bool = False) -> tuple[str, list[str]]:
+    """The write's label and, for a group's runs, the appends it carries (``r2 StepCompleted:reserve``
+    each: what a targeted plan names, whichever path, direct or grouped, the append takes)."""
     if op == "append":
         events = args[1] if len(args) > 1 else kwargs.get("events", ())
-        kinds = []
-        for event in events:
-            step = json.loads(event.data).get("step")
-            kinds.append(f"{event.kind}:{step}" if step else event.kind)
-        extra = [name for name in ("snapshot", "consume_signals", "release_lease") if kwargs.get(name)]
-        return f"append[{', '.join(kinds)}]" + (f" +{'+'.join(extra)}" if extra else "")
+        if tag_runs:
+            run_id = args[0] if args else kwargs["run_id"]
+            item = f"{run_tag(run_id)} {_kinds(events)}"
+            return f"append[{item}]{_extra(kwargs)}", [item]
+        return f"append[{_kinds(events)}]{_extra(kwargs)}", []
+    if op == "append_many":
+        appends = list(args[0] if args else kwargs["appends"])
+        items = [f"{run_tag(a['run_id'])} {_kinds(a['events'])}" for a in appends]
+        shown = "; ".join(f"{item}{_extra(a)}" for item, a in zip(items, appends, strict=True))
+        return f"append_many[{shown}]", items
     if op == "signals.send":
-        return f"signals.send[{args[1] if len(args) > 1 else kwargs.get('name')}]"
-    return op
+        return f"signals.send[{args[1] if len(args) > 1 else kwargs.get('name')}]", []
+    if tag_runs:
+        run_id = kwargs.get("run_id") or (args[0] if args and isinstance(args[0], str) else None)
+        if run_id is not None:
+            return f"{op}[{run_tag(run_id)}]", []
+    return op, []
 
 
 def instrument_store(store: Any, process: Process) -> Any:
@@ -169,18 +237,101 @@ def _fenced(process: Process, real: Callable[..., Any]) -> Callable[..., Any]:
 
 def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[..., Any]:
     def write(*args: Any, **kwargs: Any) -> Any:
-        label = _label(op, args, kwargs)
-        k = process.point(f"before {label}")
+        label, items = _label(op, args, kwargs, process.tag_runs)
+        k = process.point(f"before {label}", tuple(f"before {item}" for item in items) or None)
         fault = process.fault_here(k)
+        if fault is not None and op in ("append", "append_many"):
+            process.fault_items = _seqs(op, args, kwargs)
         if fault == "raise":
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
-        out = real(*args, **kwargs)
+        if fault == "behind":
+            process.behind = _wait_for_one_behind(process, op)
+            raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k}), "
+                                        "with a later append of its run queued behind it")
+        if fault in ("item", "fence") and op not in ("append", "append_many"):
+            # A one-run fault counted onto a write that is not an append: the write fails whole.
+            raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
+        if fault in ("item", "fence"):
+            out = _fault_one_run(process, op, real, args, kwargs, fault, label, k)
+        else:
+            out = real(*args, **kwargs)
         if fault == "lost":
             raise StoreUnavailableError(f"explorer: {label} committed but its reply was lost (point {k})")
-        process.point(f"after {label}")
+        process.point(f"after {label}", tuple(f"after {item}" for item in items) or None)
         return out
 
     return write
+
+
+#: how long a ``behind`` fault holds its write for a later append to be queued (a guard against a
+#: hang, never reached when the flow queues one: the sibling branch's commit comes in the same turn)
+BEHIND_WAIT = 30.0
+
+
+def _wait_for_one_behind(process: Process, op: str) -> bool:
+    """Hold the lane's write until the targeted run queues another append behind it."""
+    if op != "append_many" or process.plan.target is None:
+        return False  # not the lane's write: nothing can queue behind it while it is held
+    tag = process.plan.target.split(" ")[1]
+    with process.queued_changed:
+        now = process.queued[tag]
+        return process.queued_changed.wait_for(lambda: process.queued[tag] > now, timeout=BEHIND_WAIT)
+
+
+def watch_committer(orc: Orchestrator, process: Process) -> None:
+    """Count the appends ``orc`` hands to its group committer, per run (what a ``behind`` fault waits for)."""
+    committer = orc.engine.journal.committer
+    real = committer.submit
+
+    def submit(run: Any, item: dict[str, Any]) -> Any:
+        future = real(run, item)
+        with process.queued_changed:
+            process.queued[run_tag(run.run_id)] += 1
+            process.queued_changed.notify_all()
+        return future
+
+    committer.submit = submit
+
+
+def _seqs(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, list[int]]:
+    """The seqs an append (or a group's appends) carries, per run tag."""
+    if op == "append":
+        appends = [{"run_id": args[0] if args else kwargs["run_id"],
+                    "events": args[1] if len(args) > 1 else kwargs["events"]}]
+    else:
+        appends = list(args[0] if args else kwargs["appends"])
+    out: dict[str, list[int]] = {}
+    for a in appends:
+        out.setdefault(run_tag(a["run_id"]), []).extend(e.seq for e in a["events"])
+    return out
+
+
+def _fault_one_run(process: Process, op: str, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   fault: str, label: str, k: int) -> Any:
+    """A fault that hits one run of a write (the plan's target names it): ``fence``, its lease is taken
+    over by another process just before the write (the store then fences that run's appends);
+    ``item``, its appends in a group get an error verdict, the others' are written."""
+    if op == "append_many":
+        appends = list(args[0] if args else kwargs["appends"])
+        run_ids = [a["run_id"] for a in appends]
+    else:
+        run_ids = [args[0] if args else kwargs["run_id"]]
+    # The run the target names; a fault counted (``at``) hits the write's first run.
+    target_tag = process.plan.target.split(" ")[1] if process.plan.target else run_tag(run_ids[0])
+    run_id = next(r for r in run_ids if run_tag(r) == target_tag)
+    if fault == "fence":
+        # A paused or partitioned process is fenced out by a takeover (which is then never heard of
+        # again: the faulted process resumes the run itself, taking the lease back).
+        leases = process.store.leases
+        type(leases).acquire(leases, run_id, owner="explorer-thief", ttl=LEASE_TTL, now=T0, force=True)  # no crash point
+        return real(*args, **kwargs)
+    if op != "append_many":
+        raise ConflictError(f"explorer: {label} refused for run {run_id} (point {k})", run_id=run_id)
+    kept = [a for a in appends if a["run_id"] != run_id]
+    verdicts = iter(real(kept) if kept else [])
+    refused = ConflictError(f"explorer: the appends of run {run_id} in {label} were refused (point {k})",
+                            run_id=run_id)
+    return [refused if a["run_id"] == run_id else next(verdicts) for a in appends]
 
 
 # -- outgoing calls ----------------------------------------------------------------------------------
@@ -202,11 +353,21 @@ def _shared_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = 
     return _ssl_contexts[key]
 
 
+def _request_label(process: Process, request: httpx.Request) -> str:
+    """``POST /flights``; for a group's runs, the endpoint and the query that names the run
+    (``DELETE /cars?run=r2``: a booking's id depends on how the runs interleaved, the run does not)."""
+    if not process.tag_runs:
+        return f"{request.method} {request.url.path}"
+    endpoint = "/" + request.url.path.strip("/").split("/")[0]
+    query = request.url.query.decode()
+    return f"{request.method} {endpoint}" + (f"?{query}" if query else "")
+
+
 def _sync_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
     process = CURRENT.get()
     if process is None:
         return _REAL_SYNC(self, request)
-    label = f"{request.method} {request.url.path}"
+    label = _request_label(process, request)
     process.point(f"send {label}")
     response = _REAL_SYNC(self, request)
     response.read()
@@ -218,7 +379,7 @@ async def _async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request)
     process = CURRENT.get()
     if process is None:
         return await _REAL_ASYNC(self, request)
-    label = f"{request.method} {request.url.path}"
+    label = _request_label(process, request)
     process.point(f"send {label}")
     response = await _REAL_ASYNC(self, request)
     await response.aread()

@@ -96,3 +96,59 @@ def test_a_step_starting_again_after_its_completion_was_journaled_is_reported(db
         store.close()
     # Then the execution ledger reports it as a violation of invariant 1
     assert world.violations and "'merge'" in world.violations[0] and "invariant 1" in world.violations[0]
+
+
+# -- the group's checks (explorer_group.py) ------------------------------------------------------------
+def test_a_group_run_booking_again_after_a_crash_is_reported_for_that_run(db_url):
+    from explorer_group import check_group, explore_group
+
+    # Given the group driven with a careless reserve (a fresh key per execution) and its reference
+    with outgoing_calls_instrumented():
+        reference = explore_group(db_url, "careless-group-reference", Plan(), careless=True)
+        assert check_group(reference, reference) == []
+        # When the process dies after the service booked r2's car, before its answer was journaled
+        outcome = explore_group(db_url, "careless-group-crash", Plan(target="sent POST /cars?run=r2"),
+                                careless=True)
+    # Then the check names r2's booking, which took effect twice
+    problems = check_group(outcome, reference)
+    assert any('booking {"car": "r2"} took effect 2 times' in p for p in problems), problems
+
+
+def test_a_group_journal_gap_a_lost_or_doubled_compensation_and_a_different_end_are_reported(db_url):
+    from explorer_group import check_group, check_group_reference, explore_group
+
+    # Given the group's reference outcome
+    with outgoing_calls_instrumented():
+        reference = explore_group(db_url, "group-checks", Plan())
+    check_group_reference(reference)
+    cancel = next(e for e in reference.ledger if e["action"] == "cancel")
+    # When r3's journal skips a seq, r2's cancellation is missing or made twice, r1 ends elsewhere
+    gap = dataclasses.replace(reference, histories={**reference.histories,
+                                                    "r3": [e for e in reference.histories["r3"] if e["seq"] != 2]})
+    lost = dataclasses.replace(reference, ledger=[e for e in reference.ledger if e is not cancel])
+    twice = dataclasses.replace(reference, ledger=[*reference.ledger, dict(cancel)])
+    running = dataclasses.replace(reference.results["r1"], status="running")
+    elsewhere = dataclasses.replace(reference, results={**reference.results, "r1": running})
+    # Then each is reported, naming the run
+    assert any("run r3: the journal's seqs are not 1..n" in p for p in check_group(gap, reference))
+    assert any("compensations" in p for p in check_group(lost, reference))
+    assert any('booking {"car": "r2"} was cancelled 2 times' in p for p in check_group(twice, reference))
+    assert any(p.startswith("run r1: final running") for p in check_group(elsewhere, reference))
+
+
+def test_a_fault_that_half_wrote_a_group_or_stopped_an_untouched_run_is_reported(db_url):
+    from explorer_group import check_fault, explore_group
+
+    # Given r2's appends refused in the group's transaction of the reserve completions
+    target = "before r2 StepCompleted:reserve"
+    with outgoing_calls_instrumented():
+        outcome = explore_group(db_url, "group-item", Plan(target=target, what="item"))
+    assert check_fault(outcome, target, "item") == [], outcome.processes[0].faulted
+    refused = outcome.processes[0].fault_items["r2"]
+    # When the journal right after it held the refused append, or r1 had stopped with r2
+    half = dataclasses.replace(outcome, mid={**outcome.mid, "r2": [
+        *outcome.mid["r2"], *({"seq": s, "kind": "StepCompleted"} for s in refused)]})
+    stopped = dataclasses.replace(outcome, first={**outcome.first, "r1": RuntimeError("stopped")})
+    # Then each is reported
+    assert any("were journaled (half-written)" in p for p in check_fault(half, target, "item"))
+    assert any("run r1, untouched by the fault" in p for p in check_fault(stopped, target, "item"))
