@@ -34,6 +34,7 @@ from importlib import metadata
 from typing import Any
 
 from orchestrator.engine.fold import Reduce, RunState, fold
+from orchestrator.engine.views import copy_json
 from orchestrator.payload import codec
 from store import NewSnapshot, SnapshotRecord, Store
 from workflows import reducers
@@ -263,9 +264,11 @@ def _apply_link(run: dict[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _materialise(read: Callable[[int], SnapshotRecord | None], snap: SnapshotRecord, *, key: bytes | None,
-                 run_id: str, bad: Mapping[int, str]) -> dict[str, Any]:
+                 run_id: str, bad: Mapping[int, str], known: Mapping[int, dict[str, Any]] | None = None,
+                 ) -> dict[str, Any]:
     """The full snapshot JSON of ``snap``: itself when full, else its chain's full snapshot moved on by
-    each link, every link's bytes, base hash, signature and catalog flag checked (``_ChainBroken``)."""
+    each link, every link's bytes, base hash, signature and catalog flag checked (``_ChainBroken``).
+    ``known`` holds snapshots already rebuilt and checked, by seq: a chain stops at one of them."""
     links: list[Mapping[str, Any]] = []
     current: SnapshotRecord | None = snap
     expected: tuple[int, str] | None = None  # (seq, sha256) the newer link says its base has
@@ -273,6 +276,9 @@ def _materialise(read: Callable[[int], SnapshotRecord | None], snap: SnapshotRec
         if current is None:
             assert expected is not None
             raise _ChainBroken(expected[0], f"the base at seq {expected[0]} is missing")
+        if known is not None and expected is not None and current.seq in known and current.sha256 == expected[1]:
+            doc = copy_json(known[current.seq])  # applying links changes it in place
+            break
         if current.seq in bad:
             raise _ChainBroken(current.seq, bad[current.seq])
         problem = snapshot_problem(current, key=key, run_id=run_id)
@@ -311,26 +317,31 @@ def resolve_chains(snapshots: Sequence[SnapshotRecord], *, key: bytes | None = N
     the materialised text), and why each one that cannot be rebuilt was not: for readers that compare
     or copy whole states (``verify``, savepoints, summaries)."""
     by_seq = {s.seq: s for s in snapshots}
-    out: list[SnapshotRecord] = []
+    resolved: dict[int, SnapshotRecord] = {}
     problems: dict[int, str] = {}
-    for snap in snapshots:
+    # Oldest first, so that each link is applied to its base rebuilt once, not to its whole chain again.
+    known: dict[int, dict[str, Any]] = {}
+    for snap in sorted(snapshots, key=lambda s: s.seq):
         if snap.kind == "full":
             problem = snapshot_problem(snap, key=key, run_id=run_id)
             if problem is not None:
                 problems[snap.seq] = problem
-            out.append(snap)
+            resolved[snap.seq] = snap
             continue
         try:
-            doc = _materialise(by_seq.get, snap, key=key, run_id=run_id, bad={})
+            doc = _materialise(by_seq.get, snap, key=key, run_id=run_id, bad={}, known=known)
         except _ChainBroken as broken:
             problems[snap.seq] = (broken.reason if broken.seq == snap.seq
                                   else f"its chain is broken at seq {broken.seq}: {broken.reason}")
-            out.append(snap)
+            resolved[snap.seq] = snap
             continue
+        known.clear()  # only the newest rebuilt link is kept: the next one in a chain builds on it
+        known[snap.seq] = doc
         text = codec.canonical_dumps(doc, what="snapshot")
-        out.append(SnapshotRecord(snap.seq, text, hashlib.sha256(text.encode()).hexdigest(), snap.schema_version,
-                                  snap.trigger, snap.created_at, "full", None, None, snap.seq, None))
-    return out, problems
+        resolved[snap.seq] = SnapshotRecord(snap.seq, text, hashlib.sha256(text.encode()).hexdigest(),
+                                            snap.schema_version, snap.trigger, snap.created_at, "full", None, None,
+                                            snap.seq, None)
+    return [resolved[s.seq] for s in snapshots], problems
 
 
 def restore_run(store: Store, run_id: str, reduce: Reduce, *, key: bytes | None = None,
