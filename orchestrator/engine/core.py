@@ -456,8 +456,10 @@ class Engine:
         if any(s.seq == snap.seq for s in self.store.snapshot_catalog(run_id)):
             return snap.seq
         try:
+            # Pruned here only when no process holds the run: the one driving it may be writing a chain of
+            # incremental snapshots whose base this newer one would push out of the newest K.
             self.store.append(run_id, [], token=rec.lease_token, now=cfg.clock(), snapshot=snap,
-                              keep_snapshots=self.journal.policy(wf).keep)
+                              keep_snapshots=self.journal.policy(wf).keep if rec.lease_owner is None else None)
         except ConflictError:
             pass  # the driving process wrote one at this seq first
         return snap.seq

@@ -300,3 +300,66 @@ def test_with_a_key_an_unsigned_snapshot_is_refused(orc_factory):
     # And verify with the key says the same of what is left unsigned
     report = orc_factory(conversation(10), signing_key=b"k").verify("u", mark=False)
     assert any("not signed" in p.message for p in report.problems)
+
+
+def test_incremental_links_written_through_group_commits_keep_their_chain(orc_factory):
+    # Given several async conversations driven at once (their commits share transactions: group
+    # commit), snapshotting every 2 events in chains of 3
+    import asyncio
+
+    wf = Workflow("group_talk", reducers={"messages": reducers.append},
+                  snapshots=Snapshots(every=2, incremental=3, keep=100), max_visits=20)
+    gate = asyncio.Event()
+
+    @wf.step(start=True)
+    async def say(ctx, state):
+        await gate.wait()
+        turn = len(state.get("messages", []))
+        return {"messages": {"turn": turn, "text": "m" * 200}, "turns": turn + 1}
+
+    wf.route("say", lambda s: "say" if s["turns"] < 12 else END)
+    orc = orc_factory(wf)
+    grouped: list[int] = []
+    real = orc.store.append_many
+
+    def spy(appends):
+        appends = list(appends)
+        grouped.append(sum(1 for a in appends if a.get("snapshot") is not None))
+        return real(appends)
+
+    orc.store.append_many = spy
+
+    async def main():
+        runs = [asyncio.ensure_future(orc.arun(wf, {}, run_id=f"g{i}")) for i in range(6)]
+        while orc.engine.journal.driving < 6:  # every run started (observable, no sleep)
+            await asyncio.sleep(0)
+        gate.set()
+        return await asyncio.gather(*runs)
+
+    # When they run to the end
+    results = asyncio.run(main())
+    # Then snapshots went through group commits, with their kind, base and chain
+    assert all(r.status == "completed" for r in results) and sum(grouped) > 0
+    for i in range(6):
+        catalog = sorted(orc.snapshots(f"g{i}"), key=lambda s: s.seq)
+        assert "incremental" in {s.kind for s in catalog}
+        for before, link in itertools.pairwise(catalog):
+            if link.kind == "incremental":
+                assert (link.base_seq, link.base_sha256) == (before.seq, before.sha256)
+        # And every one of them rebuilds the fold at its seq
+        assert orc.verify(f"g{i}").ok
+
+
+def test_an_on_demand_snapshot_of_a_held_run_does_not_prune_the_chain_its_driver_builds_on(orc_factory):
+    # Given a run held by a process (its lease alive), keeping 1 snapshot, its newest one a link
+    orc = orc_factory()
+    with pytest.raises(KeyboardInterrupt):
+        orc.run(conversation(20, stop_at=8, keep=1), {}, run_id="d")
+    before = {s.seq for s in orc.snapshots("d")}
+    assert orc.snapshots("d")[0].kind == "incremental" and len(before) > 1
+    # When another process takes an on-demand snapshot of it
+    seq = orc_factory(conversation(20, keep=1)).snapshot("d")
+    # Then it is written (full), and the chain the holder builds on is still all there
+    catalog = {s.seq: s for s in orc.snapshots("d")}
+    assert catalog[seq].kind == "full" and catalog[seq].trigger == "on_demand"
+    assert before <= set(catalog)
