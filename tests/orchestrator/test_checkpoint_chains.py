@@ -223,6 +223,52 @@ def test_fold_property_every_chain_rebuilds_the_fold_and_a_bad_link_falls_back(o
         assert {bad, catalog[0].seq} <= {seq for seq, _ in rejected}
 
 
+def parallel_workflow(plan: list[tuple[dict, dict]], every: int, links: int) -> Workflow:
+    """Each round, two parallel branches return their updates: a snapshot between the two
+    completions holds one branch's update not yet merged (it merges when the tick ends)."""
+    wf = Workflow("prop_par", max_visits=len(plan) + 2,
+                  reducers={"log": reducers.append, "items": reducers.extend, "n": reducers.add,
+                            "meta": reducers.merge, "bag": _bag},
+                  snapshots=Snapshots(every=every, incremental=links, keep=1000))
+
+    @wf.step(start=True)
+    def step(ctx, state):
+        return {"i": state["i"] + 1}
+
+    @wf.step()
+    def left(ctx, state):
+        return plan[state["i"] - 1][0]
+
+    @wf.step()
+    def right(ctx, state):
+        return plan[state["i"] - 1][1]
+
+    wf.route("step", lambda s: ["left", "right"] if s["i"] <= len(plan) else END,
+             targets=["left", "right", END])
+    wf.edge("left", "step")
+    wf.edge("right", "step")
+    return wf
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=st.lists(st.tuples(st.fixed_dictionaries({}, optional=_FIELDS), st.fixed_dictionaries({}, optional=_FIELDS)),
+                     min_size=1, max_size=6),
+       every=st.integers(1, 3), links=st.integers(1, 3))
+def test_fold_property_holds_with_parallel_branches_merged_between_snapshots(orc_factory, plan, every, links):
+    wf = parallel_workflow(plan, every, links)
+    orc = orc_factory(wf)
+    run_id = f"q{next(_RUNS)}"
+    assert orc.run(wf, {"i": 0}, run_id=run_id).status == "completed"
+    rebuilt, problems = resolve_chains(orc.store.snapshots(run_id))
+    assert problems == {}
+    for snap in rebuilt:
+        assert codec.loads(snap.state) == folded_at(orc, run_id, wf, snap.seq)
+    if every == 1:  # a snapshot after every commit: some fell between the two branches' completions
+        assert any(codec.loads(snap.state)["done"] for snap in rebuilt)
+    restored, _, rejected = orc.engine.restore(run_id, wf)
+    assert restored.to_json() == folded_at(orc, run_id, wf) and rejected == []
+
+
 # -- retention ---------------------------------------------------------------------------------------
 def test_keeping_the_newest_k_keeps_their_base_chains(orc_factory):
     # Given a conversation whose policy keeps the newest 2 snapshots, chains of 3 links
