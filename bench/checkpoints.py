@@ -1,15 +1,18 @@
 """Snapshot policies: what each costs per step, on disk and at recovery, against no snapshots.
 
-    python bench/checkpoints.py            # 1,000 and 10,000 steps, and the 1,000-turn conversation
+    python bench/checkpoints.py            # 1,000 and 10,000 steps, 1,000- and 10,000-turn conversations
     python bench/checkpoints.py --quick    # smoke: small counts
+    python bench/checkpoints.py --no-long  # without the 10,000-turn conversation (~20 MB of state)
 
 Two workloads, each run once per policy on SQLite (a file, WAL, synchronous=FULL) and on the local
 Postgres (``AGENTSAGA_TEST_PG``; a fresh schema each, dropped at the end):
 
 - ``steps``: a loop whose step returns a small update (the state stays small);
 - ``conversation``: one ~2 KB message appended per step under the ``append`` reducer (the state
-  grows to ~2 MB at 1,000 turns): the case where a full snapshot every N events makes later steps
-  dearer.
+  grows to ~2 MB at 1,000 turns, ~20 MB at 10,000): the case where a full snapshot every N events
+  makes later steps dearer, and where incremental snapshots (``_incr``: only the appended tail, a
+  full one closing each chain of 10) are meant to pay. The 10,000-turn conversation runs only the
+  policies that tell full from incremental apart (``LONG_POLICIES``).
 
 Per policy: milliseconds per step over the whole run and its overhead against the ``none`` policy
 measured in the same run (the floor: only the final snapshot), the per-step cost of the last tenth
@@ -48,13 +51,17 @@ from orchestrator import Orchestrator
 from workflows import END, Adaptive, Snapshots, Workflow, reducers
 
 #: the policies compared; "none" writes only the final snapshot (and is the floor)
+#: ``_full``: every snapshot full; ``_incr``: incremental links, a full snapshot every 10 (the default)
 POLICIES: dict[str, Snapshots] = {
     "none": Snapshots(every=None),
-    "every_100": Snapshots(every=100),
-    "every_10": Snapshots(every=10),
+    "every_100_full": Snapshots(every=100, incremental=None),
+    "every_100_incr": Snapshots(every=100, incremental=10),
+    "every_10_full": Snapshots(every=10, incremental=None),
+    "every_10_incr": Snapshots(every=10, incremental=10),
     "every_100_ratio_1": Snapshots(every=100, replay_ratio=1.0),
     "adaptive_50_1000": Snapshots(adaptive=Adaptive(min_every=50, max_every=1000)),
 }
+LONG_POLICIES = ("none", "every_100_full", "every_100_incr")
 MESSAGE = "m" * 2000
 RECOVERIES = 5
 
@@ -130,6 +137,8 @@ def run_backend(backend: str, kinds: list[tuple[str, int]], pg: str | None) -> d
             key = f"{kind}_{steps}"
             out[key] = {}
             for name, policy in POLICIES.items():
+                if kind == "conversation" and steps > 1000 and name not in LONG_POLICIES:
+                    continue
                 if schemas is not None:
                     schema = schemas.new(name[:12])
                     url = with_search_path(pg, schema)
@@ -164,9 +173,10 @@ def print_tables(backend: str, results: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: small counts")
+    ap.add_argument("--no-long", action="store_true", help="skip the 10,000-turn conversation")
     args = ap.parse_args(argv)
     kinds = [("steps", 200), ("conversation", 100)] if args.quick else \
-        [("steps", 1000), ("steps", 10000), ("conversation", 1000)]
+        [("steps", 1000), ("steps", 10000), ("conversation", 1000)] + ([] if args.no_long else [("conversation", 10000)])
     global RECOVERIES
     if args.quick:
         RECOVERIES = 1

@@ -54,8 +54,10 @@ class Orchestrator:
     - ``workflows``: the workflows this process can drive (also ``register``)
     - ``snapshot_every`` (100): write a snapshot every N events (and at the end of a run)
     - ``keep_snapshots`` (3): snapshots kept per run; older ones are pruned in the same transaction
-      (both for workflows that declare no ``Workflow(snapshots=Snapshots(...))`` policy)
-    - ``signing_key``: HMAC key that savepoints are signed with, and must be signed with to be restored
+    - ``incremental_snapshots`` (10): snapshots are incremental (only what changed since the previous
+      one), a full one closing each chain after this many; ``None``: every snapshot is full
+      (all three for workflows that declare no ``Workflow(snapshots=Snapshots(...))`` policy)
+    - ``signing_key``: HMAC key that savepoints and snapshots are signed with, and must be signed with to be restored
     - ``lease_ttl`` (30 s): how long a lease lasts without a heartbeat
     - ``heartbeat`` (``lease_ttl / 3``): how often held leases are renewed
     - ``allow_graph_change`` (False): let ``resume`` continue a run whose graph or version changed
@@ -87,6 +89,7 @@ class Orchestrator:
         workflows: Iterable[Workflow] = (),
         snapshot_every: int = 100,
         keep_snapshots: int = 3,
+        incremental_snapshots: int | None = 10,
         lease_ttl: float = 30.0,
         heartbeat: float | None = None,
         allow_graph_change: bool = False,
@@ -107,6 +110,11 @@ class Orchestrator:
         signing_key: bytes | str | None = None,
     ) -> None:
         _check_options(snapshot_every, keep_snapshots, lease_ttl, heartbeat)
+        if incremental_snapshots is not None and (isinstance(incremental_snapshots, bool)
+                                                  or not isinstance(incremental_snapshots, int)
+                                                  or incremental_snapshots < 1):
+            raise ConfigurationError(f"incremental_snapshots must be an integer >= 1 or None, "
+                                     f"got {incremental_snapshots!r}")
         if signing_key is not None and (not isinstance(signing_key, (bytes, str)) or not signing_key):
             raise ConfigurationError("signing_key must be non-empty bytes or text (the HMAC key of savepoints)")
         key = signing_key.encode() if isinstance(signing_key, str) else signing_key
@@ -132,6 +140,7 @@ class Orchestrator:
         the_clock = clock or time.time
         config = EngineConfig(
             owner=owner or default_owner(), snapshot_every=snapshot_every, keep_snapshots=keep_snapshots,
+            incremental_snapshots=incremental_snapshots,
             lease_ttl=float(lease_ttl), heartbeat=heartbeat, allow_graph_change=allow_graph_change,
             clock=the_clock, sleep=sleep or asyncio.sleep, rng=rng or random.Random(), signing_key=key,
         )
@@ -144,7 +153,7 @@ class Orchestrator:
         self.engine = Engine(self.store, config, workflows=self.workflows, compensations=compensations,
                              tools=self.tools, redactor=redactor, replay=replay, observers=observers)
         self.audit = Audit(self.store, workflows=self.workflows, clock=the_clock, create_run=self.engine.create,
-                           savepoint=self.engine.savepoint)
+                           savepoint=self.engine.savepoint, signing_key=key)
         self.queues = Queues(self.store, create_run=self.engine.create, clock=the_clock, owner=config.owner)
 
     # -- setup -----------------------------------------------------------------------------------

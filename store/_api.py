@@ -435,8 +435,8 @@ class Store:
     def _snapshots(self, conn: Any, run_id: str, seq: int | None) -> list[SnapshotRecord]:
         pk = self._fence.require_run(conn, run_id)
         sql = (
-            "SELECT seq, state, sha256, schema_version, trigger, created_at"
-            " FROM agentsaga_snapshots WHERE run_pk = ?"
+            "SELECT seq, state, sha256, schema_version, trigger, created_at, kind, base_seq, base_sha256,"
+            " root_seq, signature FROM agentsaga_snapshots WHERE run_pk = ?"
         )
         params: list[Any] = [pk]
         if seq is not None:
@@ -451,7 +451,8 @@ class Store:
         sql = (
             "SELECT seq, sha256, schema_version, trigger, created_at, workflow, version, fingerprint,"
             " agentsaga_version, python_version, config_hash, size_bytes, validity, validity_reason,"
-            " checked_at FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC"
+            " checked_at, kind, base_seq, base_sha256, root_seq, signature"
+            " FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC"
         )
 
         def work(conn: Any) -> list[SnapshotInfo]:
@@ -488,7 +489,8 @@ class Store:
         return self._b.run("mark_snapshot", work)
 
     def prune_snapshots(self, run_id: str, keep: int) -> int:
-        """Delete all but the newest `keep` snapshots; return how many were deleted."""
+        """Delete all but the newest `keep` snapshots and the chains they need (the bases of
+        incremental ones, back to their full snapshot); return how many were deleted."""
         if keep < 0:
             raise ValueError("prune_snapshots: keep must be >= 0")
 

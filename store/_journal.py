@@ -33,14 +33,21 @@ __all__ = ["INSERT_EVENT", "PRUNE_SNAPSHOTS", "GroupConflict", "Journal", "check
 INSERT_EVENT = (
     "INSERT INTO agentsaga_events (run_pk, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)"
 )
+# Keep the newest K snapshots and every snapshot their chains need (generation clean-up): an
+# incremental snapshot applies to its base, back to the full snapshot its chain starts from
+# (`root_seq`), and a chain's links all lie between its root and itself, so what goes is what is
+# older than the oldest root among the newest K. With K = 0 everything goes.
 PRUNE_SNAPSHOTS = (
-    "DELETE FROM agentsaga_snapshots WHERE run_pk = ? AND seq NOT IN"
-    " (SELECT seq FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC LIMIT ?)"
+    "DELETE FROM agentsaga_snapshots WHERE run_pk = ? AND seq < COALESCE("
+    "(SELECT MIN(COALESCE(newest.root_seq, newest.seq)) FROM"
+    " (SELECT seq, root_seq FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC LIMIT ?) newest),"
+    " seq + 1)"
 )
 _INSERT_SNAPSHOT = (
     "INSERT INTO agentsaga_snapshots (run_pk, seq, state, sha256, schema_version, trigger,"
     " created_at, workflow, version, fingerprint, agentsaga_version, python_version, config_hash,"
-    " size_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " size_bytes, kind, base_seq, base_sha256, root_seq, signature)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT_EVENTS = (
     "SELECT e.seq, e.kind, e.data, e.at FROM agentsaga_events e"
@@ -80,7 +87,8 @@ def snapshot_row(pk: int, s: NewSnapshot) -> tuple[Any, ...]:
     """The parameters of the snapshot INSERT for snapshot `s` of run `pk`."""
     size = s.size_bytes if s.size_bytes is not None else len(s.state.encode())
     return (pk, s.seq, s.state, s.sha256, s.schema_version, s.trigger, s.created_at, s.workflow,
-            s.version, s.fingerprint, s.agentsaga_version, s.python_version, s.config_hash, size)
+            s.version, s.fingerprint, s.agentsaga_version, s.python_version, s.config_hash, size,
+            s.kind, s.base_seq, s.base_sha256, s.root_seq, s.signature)
 
 
 class Journal:

@@ -82,6 +82,15 @@ class NewSnapshot:
     config_hash: str = ""
     #: bytes of `state` as UTF-8 (None: the store measures it)
     size_bytes: int | None = None
+    #: "full" (the whole fold) or "incremental" (what changed since its base snapshot)
+    kind: str = "full"
+    #: an incremental's base: the seq and sha256 of the snapshot it applies to
+    base_seq: int | None = None
+    base_sha256: str | None = None
+    #: the seq of the full snapshot its chain starts from (None: its own seq, a full snapshot)
+    root_seq: int | None = None
+    #: HMAC-SHA256 of the snapshot under the configured signing key, or None (unsigned)
+    signature: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +103,11 @@ class SnapshotRecord:
     schema_version: int
     trigger: str
     created_at: float
+    kind: str = "full"
+    base_seq: int | None = None
+    base_sha256: str | None = None
+    root_seq: int | None = None
+    signature: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +129,8 @@ class SnapshotInfo:
     validity: str
     validity_reason: str | None
     checked_at: float | None
+    kind: str = "full"
+    base_seq: int | None = None
+    base_sha256: str | None = None
+    root_seq: int | None = None
+    signature: str | None = None

@@ -29,7 +29,7 @@ from .errors import SchemaVersionError, StoreError
 
 __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "ddl", "ensure_schema"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # A migration from version v to v+1 is MIGRATIONS[v](execute, dialect_name): `execute(sql)` runs
 # one statement inside the opening transaction (which holds the schema lock), so a migration is
@@ -61,6 +61,21 @@ def _v1_to_v2(execute: Callable[[str], None], dialect_name: str) -> None:
 
 
 MIGRATIONS[1] = _v1_to_v2
+
+
+def _v2_to_v3(execute: Callable[[str], None], dialect_name: str) -> None:
+    """Incremental and signed snapshots: each snapshot says whether it is full or incremental, its
+    base (seq and sha256) and the full snapshot its chain starts from, and its HMAC signature.
+    Existing snapshots are full, their own root, and unsigned."""
+    big = "INTEGER" if dialect_name == "sqlite" else "BIGINT"
+    execute("ALTER TABLE agentsaga_snapshots ADD COLUMN kind VARCHAR NOT NULL DEFAULT 'full'")
+    execute(f"ALTER TABLE agentsaga_snapshots ADD COLUMN base_seq {big}")
+    execute("ALTER TABLE agentsaga_snapshots ADD COLUMN base_sha256 VARCHAR")
+    execute(f"ALTER TABLE agentsaga_snapshots ADD COLUMN root_seq {big}")
+    execute("ALTER TABLE agentsaga_snapshots ADD COLUMN signature VARCHAR")
+
+
+MIGRATIONS[2] = _v2_to_v3
 
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (no extra index, and
 # AUTOINCREMENT allowed); Postgres gets a BIGSERIAL.
@@ -159,6 +174,13 @@ class SnapshotRow(_Base, table=True):
     validity: str = Field(default="unchecked", sa_column_kwargs={"server_default": text("'unchecked'")})
     validity_reason: str | None = Field(default=None, sa_type=Text)
     checked_at: float | None = None
+    # Incremental and signed snapshots (schema version 3): full or incremental, the base an
+    # incremental applies to, the full snapshot its chain starts from, the HMAC signature.
+    kind: str = Field(default="full", sa_column_kwargs={"server_default": text("'full'")})
+    base_seq: int | None = Field(default=None, sa_type=BigInteger)
+    base_sha256: str | None = None
+    root_seq: int | None = Field(default=None, sa_type=BigInteger)
+    signature: str | None = None
 
 
 class BreakerRow(_Base, table=True):

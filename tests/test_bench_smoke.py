@@ -149,4 +149,4 @@ def test_checkpoints_quick_prints_a_row_per_policy_and_workload():
                 assert CHECKPOINT_ROW_KEYS <= row.keys(), name
                 assert all(is_number(row[k]) for k in CHECKPOINT_ROW_KEYS), (name, row)
             # The floor writes only the final snapshot; a count policy writes more
-            assert rows["none"]["snapshots"] == 1 and rows["every_10"]["snapshots"] > 1
+            assert rows["none"]["snapshots"] == 1 and rows["every_10_full"]["snapshots"] > 1

@@ -78,7 +78,11 @@ class Snapshots:
       journaled since the last snapshot hold at least this many times that snapshot's bytes: for a
       large state that grows little per step (a long conversation), the snapshot cost per step then
       stays flat, and a recovery replays at most about ``replay_ratio`` times the snapshot's bytes;
-    - ``keep``: snapshots kept per run (older ones are pruned as new ones are written);
+    - ``incremental``: write incremental snapshots (only what changed since the previous one: the
+      appended tail of a list that only grew, the fields that changed), a full one closing the
+      chain after this many incrementals (``None``: every snapshot is full);
+    - ``keep``: snapshots kept per run (older ones are pruned as new ones are written, never the
+      base chain a kept incremental needs);
     - ``finished_ttl``: seconds after a run finished when ``orc.retention()`` (``agentsaga
       retention``) drops all its snapshots (its journal stays: the state folds from it).
 
@@ -91,6 +95,7 @@ class Snapshots:
     gates: tuple[str, ...] = ()
     adaptive: Adaptive | None = None
     replay_ratio: float | None = None
+    incremental: int | None = 10
     keep: int = 3
     finished_ttl: float | None = None
 
@@ -124,6 +129,8 @@ class Snapshots:
                                               or self.finished_ttl < 0):
             raise DefinitionError(f"Snapshots(finished_ttl=...) must be a number of seconds >= 0, "
                                   f"got {self.finished_ttl!r}")
+        if self.incremental is not None:
+            _positive_int(self.incremental, "Snapshots(incremental=...)")
         if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
             raise DefinitionError(f"Snapshots(keep=...) must be an integer >= 1, got {self.keep!r}")
 
@@ -139,7 +146,8 @@ class Snapshots:
         """The policy as data (recorded in the snapshot catalog's configuration hash)."""
         return {"every": self.every, "seconds": self.seconds, "after_effects": self.after_effects,
                 "gates": list(self.gates), "adaptive": self.adaptive.to_json() if self.adaptive else None,
-                "replay_ratio": self.replay_ratio, "keep": self.keep, "finished_ttl": self.finished_ttl}
+                "replay_ratio": self.replay_ratio, "incremental": self.incremental, "keep": self.keep,
+                "finished_ttl": self.finished_ttl}
 
 
 #: The policy of a workflow that declares none (the Orchestrator's snapshot_every/keep_snapshots

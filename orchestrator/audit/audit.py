@@ -36,6 +36,7 @@ from orchestrator.audit.summary import RunSummary, decode_events, summarise
 from orchestrator.audit.verify import VerifyReport, verify_journal
 from orchestrator.engine.reading import read_state, reduce_for
 from orchestrator.engine.registry import WorkflowRegistry
+from orchestrator.engine.snapshots import retained
 from orchestrator.errors import ConfigurationError, RunStateError
 from orchestrator.payload import codec
 from store import RunNotFoundError, RunRecord, SnapshotInfo, Store
@@ -51,8 +52,10 @@ class Audit:
 
     def __init__(self, store: Store, *, workflows: WorkflowRegistry, clock: Callable[[], float],
                  create_run: Callable[..., ActiveRun | None],
-                 savepoint: Callable[..., Path] | None = None) -> None:
+                 savepoint: Callable[..., Path] | None = None, signing_key: bytes | None = None) -> None:
         self.store = store
+        #: the HMAC key snapshots must be signed with to verify (the engine's), or None
+        self.signing_key = signing_key
         self.workflows = workflows
         self.clock = clock
         self._create_run = create_run
@@ -88,7 +91,7 @@ class Audit:
         along = reduce_for(self.store, run_id)
         summary = summarise(rec, events, snapshots, reduce=along, keep_states=keep_states)
         if summary.state is not None:
-            reading = read_state(self.store, run_id, None)
+            reading = read_state(self.store, run_id, None, key=self.signing_key)
             summary.state = reading.folded.state
             summary.state_source = reading.describe()
         if keep_states and along.replaced:
@@ -112,12 +115,13 @@ class Audit:
         status = rec.status if self.store.last_seq(run_id) == last else None  # moved on: not comparable
         wf = self.workflows.for_run(rec, required=False)
         if wf is not None:
-            report = verify_journal(run_id, events, snapshots, reduce=wf.reduce, run_status=status)
+            report = verify_journal(run_id, events, snapshots, reduce=wf.reduce, run_status=status,
+                                    key=self.signing_key)
         else:
             # Without the code, user state is compared wherever the run's recorded reducers reproduce it.
             recorded = reduce_for(self.store, run_id)
             report = verify_journal(run_id, events, snapshots, reduce=recorded, run_status=status,
-                                    unknown_fields=recorded.unknown)
+                                    unknown_fields=recorded.unknown, key=self.signing_key)
         if mark:
             self._mark(run_id, report)
         return report
@@ -262,15 +266,15 @@ class Audit:
                 if rec.run_id in doomed_ids:
                     continue
                 try:
-                    seqs = [s.seq for s in store.snapshots(rec.run_id)]  # newest first
+                    # The newest K and the base chains they need (incremental snapshots): the store's rule.
+                    kept, dropped = retained(store.snapshot_catalog(rec.run_id), keep_snapshots)
                 except RunNotFoundError:  # deleted by someone else meanwhile
                     continue
-                if len(seqs) <= keep_snapshots:
+                if not dropped:
                     continue
                 if not dry_run:
                     store.prune_snapshots(rec.run_id, keep_snapshots)
-                pruned.append({"run_id": rec.run_id, "status": rec.status,
-                               "deleted": sorted(seqs[keep_snapshots:]), "kept": sorted(seqs[:keep_snapshots])})
+                pruned.append({"run_id": rec.run_id, "status": rec.status, "deleted": dropped, "kept": kept})
         deleted = [{"run_id": r.run_id, "workflow": r.workflow, "status": r.status,
                     "finished_at": r.finished_at if r.finished_at is not None else r.updated_at} for r in doomed]
         spared = 0

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.payload import codec
-from orchestrator.engine.snapshots import snapshot_problem
+from orchestrator.engine.snapshots import resolve_chains, snapshot_problem
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, apply
@@ -356,10 +356,11 @@ class _Builder:
             elif rec.status in TERMINAL_STATUSES:
                 x.outcome = "abandoned"
         snaps = []
+        chain_problems = resolve_chains(snapshots)[1]
         for snap in sorted(snapshots, key=lambda s: s.seq):
             snaps.append({"seq": snap.seq, "trigger": snap.trigger, "created_at": snap.created_at,
-                          "sha256": snap.sha256, "bytes": len(snap.state.encode()),
-                          "problem": snapshot_problem(snap)})
+                          "sha256": snap.sha256, "bytes": len(snap.state.encode()), "kind": snap.kind,
+                          "problem": chain_problems.get(snap.seq) or snapshot_problem(snap)})
         state: Any = folded.state if folded is not None else None
         if folded is not None and folded.seq and folded.status != rec.status and TERMINAL_STATUSES & {folded.status, rec.status}:
             self.notes.append(f"the run row says {rec.status!r} but its journal folds to {folded.status!r}")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.payload import codec
-from orchestrator.engine.snapshots import snapshot_problem
+from orchestrator.engine.snapshots import resolve_chains, snapshot_problem
 from orchestrator.engine.events import TERMINAL_STATUSES
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, apply
@@ -107,13 +107,15 @@ def verify_journal(
     reduce: Callable[[dict[str, Any], Mapping[str, Any]], None] | None = None,
     run_status: str | None = None,
     unknown_fields: frozenset[str] | None = frozenset(),
+    key: bytes | None = None,
 ) -> VerifyReport:
     """Fold ``events`` and compare each snapshot with the fold at its seq (see the module doc).
 
     ``reduce`` is the merge of user state (the workflow's, or one rebuilt from the run's record);
     ``unknown_fields`` the state fields it cannot reproduce, left out of snapshot comparisons (None:
     all of them, as when ``reduce`` is None). ``run_status`` is the status stored on the run row,
-    checked against the folded one.
+    checked against the folded one. An incremental snapshot is compared as the full state its chain
+    rebuilds; with a signing ``key`` an unsigned or wrongly signed snapshot does not verify.
     """
     problems: list[VerifyProblem] = []
     notes: list[str] = []
@@ -126,13 +128,14 @@ def verify_journal(
         notes.append("the run's workflow is not registered here: state fields "
                      + ", ".join(sorted(unknown_fields)) + " were not compared (their reducers are the "
                      "workflow's own code); everything else was")
-    pending = sorted(snapshots, key=lambda s: s.seq)
+    resolved, chain_problems = resolve_chains(snapshots, key=key, run_id=run_id)
+    pending = sorted(resolved, key=lambda s: s.seq)
     last = events[-1].seq if events else 0
     verified = 0
     # What the catalog should record about each snapshot (see ``VerifyReport.verdicts``).
     verdicts: dict[int, tuple[str, str | None]] = {}
     for snap in pending:
-        problem = snapshot_problem(snap)
+        problem = chain_problems.get(snap.seq) or snapshot_problem(snap)
         if problem is not None:
             problems.append(VerifyProblem("snapshot", snap.seq, problem))
             verdicts[snap.seq] = ("failed", problem)

@@ -196,14 +196,16 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
         for info in catalog:
             print(json_line({f: getattr(info, f) for f in info.__slots__}))
         return 0
-    rows = [[info.seq, info.trigger, when(info.created_at), "-" if info.size_bytes is None else f"{info.size_bytes:,}",
-             info.validity, safe(f"{info.workflow}@{info.version}"), info.fingerprint[:12] or "-",
+    # KIND: "full", or "incr<BASE" for an incremental link applied to the snapshot at seq BASE.
+    rows = [[info.seq, info.trigger, "full" if info.kind == "full" else f"incr<{info.base_seq}",
+             "yes" if info.signature else "no", when(info.created_at),
+             "-" if info.size_bytes is None else f"{info.size_bytes:,}", info.validity, safe(f"{info.workflow}@{info.version}"), info.fingerprint[:12] or "-",
              info.config_hash[:8] or "-", info.python_version or "-", info.agentsaga_version or "-"]
             for info in catalog]
     if not rows:
         print(f"run {safe(args.run_id)} has no snapshots")
         return 0
-    print(table(["SEQ", "TRIGGER", "CREATED (UTC)", "BYTES", "VALIDITY", "WORKFLOW", "FINGERPRINT", "CONFIG",
+    print(table(["SEQ", "TRIGGER", "KIND", "SIGNED", "CREATED (UTC)", "BYTES", "VALIDITY", "WORKFLOW", "FINGERPRINT", "CONFIG",
                  "PYTHON", "AGENTSAGA"], rows, max_width=140))
     for info in catalog:
         if info.validity_reason:

@@ -41,7 +41,14 @@ from orchestrator.engine.result import RunResult
 from orchestrator.engine.saga import SagaRunner, has_pending_effects
 from orchestrator.engine.services import ToolsForSteps
 from orchestrator.engine import savepoints
-from orchestrator.engine.snapshots import AGENTSAGA_VERSION, make_snapshot, restore_run, snapshot_problem
+from orchestrator.engine.snapshots import (
+    AGENTSAGA_VERSION,
+    make_snapshot,
+    resolve_chains,
+    restore_run,
+    sign_snapshot,
+    snapshot_problem,
+)
 from orchestrator.engine.steps import StepRunner
 from orchestrator.errors import (
     CodeChangedError,
@@ -73,6 +80,8 @@ class EngineConfig:
     owner: str
     snapshot_every: int = 100
     keep_snapshots: int = 3
+    #: incremental snapshots, a full one every N (None: all full), for workflows without a policy
+    incremental_snapshots: int | None = 10
     lease_ttl: float = 30.0
     #: how often held leases are renewed (None: lease_ttl / 3)
     heartbeat: float | None = None
@@ -95,7 +104,8 @@ class Engine:
         self.workflows = workflows
         self.journal = JournalWriter(store, clock=config.clock, redact=JournalRedactor(redactor or Redactor()),
                                      snapshot_every=config.snapshot_every, keep_snapshots=config.keep_snapshots,
-                                     observers=observers)
+                                     incremental=config.incremental_snapshots,
+                                     observers=observers, signing_key=config.signing_key)
         self.heartbeat = Heartbeat(store, ttl=config.lease_ttl, clock=config.clock, interval=config.heartbeat)
         self._creator: concurrent.futures.ThreadPoolExecutor | None = None  # see acreate
         steps = StepRunner(self.journal, store=store, clock=config.clock, sleep=config.sleep, rng=config.rng,
@@ -190,14 +200,14 @@ class Engine:
         if wf is None:
             events = self.store.events(run_id)
             return fold((e.seq, e.kind, codec.loads(e.data)) for e in events), 0, []
-        return restore_run(self.store, run_id, wf.reduce)
+        return restore_run(self.store, run_id, wf.reduce, key=self.config.signing_key)
 
     def result(self, run_id: str) -> RunResult:
         """The run's current status and folded state, without driving it. Without its workflow
         registered, the state is read without code and ``note`` says how (engine/reading.py)."""
         rec = self.store.get_run(run_id)
         wf = self.workflows.for_run(rec, required=False)
-        reading = read_state(self.store, run_id, wf)
+        reading = read_state(self.store, run_id, wf, key=self.config.signing_key)
         if wf is not None:
             return self.with_failed_step(make_result(run_id, wf, reading.folded, status=rec.status))
         result = make_result(run_id, None, reading.folded, status=rec.status, note=reading.describe())
@@ -441,12 +451,15 @@ class Engine:
         assert wf is not None
         folded = self.restore(run_id, wf)[0]
         cfg = self.config
-        snap = make_snapshot(folded, "on_demand", cfg.clock(), self.journal.snapshot_meta(wf))
+        snap = make_snapshot(folded, "on_demand", cfg.clock(), self.journal.snapshot_meta(wf), run_id=run_id,
+                             key=cfg.signing_key)
         if any(s.seq == snap.seq for s in self.store.snapshot_catalog(run_id)):
             return snap.seq
         try:
+            # Pruned here only when no process holds the run: the one driving it may be writing a chain of
+            # incremental snapshots whose base this newer one would push out of the newest K.
             self.store.append(run_id, [], token=rec.lease_token, now=cfg.clock(), snapshot=snap,
-                              keep_snapshots=self.journal.policy(wf).keep)
+                              keep_snapshots=self.journal.policy(wf).keep if rec.lease_owner is None else None)
         except ConflictError:
             pass  # the driving process wrote one at this seq first
         return snap.seq
@@ -458,13 +471,15 @@ class Engine:
         snapshot that verifies, its whole journal, a hash chain, signed when a key is configured."""
         # The catalog and snapshot first, then the journal: a snapshot is written with the event at
         # its seq, so the journal read afterwards always holds it, even while the run is driven.
+        # An incremental snapshot is materialised from its chain: the file holds a self-contained one.
         snapshot = None
-        for info in self.store.snapshot_catalog(run_id):
-            if info.validity in ("failed", "quarantined"):
-                continue
-            found = self.store.snapshot(run_id, info.seq)
-            if found is not None and snapshot_problem(found) is None:
-                snapshot = found
+        bad = {i.seq for i in self.store.snapshot_catalog(run_id) if i.validity in ("failed", "quarantined")}
+        key = self.config.signing_key
+        stored = [s for s in self.store.snapshots(run_id) if s.seq not in bad]  # newest first
+        found, problems = resolve_chains(stored, key=key, run_id=run_id)
+        for snap in found:
+            if snap.seq not in problems and snapshot_problem(snap) is None:
+                snapshot = snap
                 break
         events = self.store.events(run_id)
         rec = self.store.get_run(run_id)
@@ -490,11 +505,18 @@ class Engine:
         # An unfinished run arrives unleased and pending: `resume RUN`, `recover` or a worker
         # continues it from the journal (its waits and timers are journaled, not kept on the row).
         status = "pending" if run["status"] in ACTIVE_STATUSES else run["status"]
+        snapshot = point.snapshot
+        if snapshot is not None and self.config.signing_key is not None:
+            # The file's chain and signature vouch for its snapshot; in this database it is signed
+            # with this database's key like every snapshot written here.
+            snapshot = dataclasses.replace(snapshot, signature=sign_snapshot(
+                self.config.signing_key, run["run_id"], snapshot.seq, snapshot.kind, snapshot.base_seq,
+                snapshot.sha256))
         try:
             self.store.create_run(
                 run_id=run["run_id"], workflow=run["workflow"], version=run["version"],
                 fingerprint=run["fingerprint"], target="", created_at=run["created_at"], events=events,
-                status=status, parent_run_id=run["parent_run_id"], snapshot=point.snapshot,
+                status=status, parent_run_id=run["parent_run_id"], snapshot=snapshot,
                 finished_at=run["finished_at"], error=run["error"])
         except DuplicateRunError:
             raise SavepointError(f"savepoint {str(path)!r}: run {run['run_id']!r} already exists in this database; "

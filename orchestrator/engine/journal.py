@@ -30,7 +30,7 @@ from typing import Any
 from orchestrator.engine.events import TERMINAL_STATUSES, EventKind
 from orchestrator.engine.fold import RunState, apply
 from orchestrator.engine.groupcommit import GroupCommitter
-from orchestrator.engine.snapshots import SnapshotMeta, make_snapshot, restore_run
+from orchestrator.engine.snapshots import SnapshotChain, SnapshotMeta, restore_run
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
 from store import NewEvent, Store
@@ -48,7 +48,7 @@ class ActiveRun:
     """A run this process is driving: its workflow, its lease token and what its journal folds to."""
 
     __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "snapshot_at", "every", "lock",
-                 "broken", "snapshot_bytes", "journal_total", "snapshot_total", "last_snapshot", "pending")
+                 "broken", "snapshot_bytes", "journal_total", "snapshot_total", "last_snapshot", "pending", "chain")
 
     def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int, *,
                  snapshot_at: float | None = None, every: int | None = None) -> None:
@@ -80,6 +80,8 @@ class ActiveRun:
         self.broken: BaseException | None = None
         #: appends handed to the group committer and not yet settled (while any, every append goes there)
         self.pending = 0
+        #: how this process writes the run's snapshots (full, or incremental links of a chain)
+        self.chain: SnapshotChain | None = None
 
     @property
     def journal_bytes(self) -> int:
@@ -97,8 +99,11 @@ class JournalWriter:
     """Appends events to active runs' journals (see the module docstring)."""
 
     def __init__(self, store: Store, *, clock: Callable[[], float], redact: JournalRedactor, snapshot_every: int,
-                 keep_snapshots: int, observers: Iterable[Observer] = ()) -> None:
+                 keep_snapshots: int, observers: Iterable[Observer] = (), signing_key: bytes | None = None,
+                 incremental: int | None = 10) -> None:
         self.store = store
+        #: the HMAC key snapshots are signed with (and must be signed with to be restored), or None
+        self.signing_key = signing_key
         self.clock = clock
         self.redact = redact
         self.snapshot_every = snapshot_every
@@ -106,7 +111,7 @@ class JournalWriter:
         self.observers = tuple(observers)
         self._meta: dict[tuple[str, str, str], SnapshotMeta] = {}
         #: the policy of workflows that declare none
-        self.default_policy = Snapshots(every=snapshot_every, keep=keep_snapshots)
+        self.default_policy = Snapshots(every=snapshot_every, keep=keep_snapshots, incremental=incremental)
         #: runs being driven by this process now; with more than one, async commits are grouped
         self.driving = 0
         self._driving_lock = threading.Lock()
@@ -226,7 +231,9 @@ class JournalWriter:
         """After a failed write: the run in memory becomes what its journal holds (best effort: if the
         database cannot be read either, the broken run is left as it is and never written again)."""
         try:
-            run.folded, run.last_snapshot_seq, _ = restore_run(self.store, run.run_id, run.workflow.reduce)
+            run.folded, run.last_snapshot_seq, _ = restore_run(self.store, run.run_id, run.workflow.reduce,
+                                                               key=self.signing_key)
+            run.chain = None  # the next snapshot starts a chain from what the journal holds
         except Exception as exc:  # the database is still away: the run stays broken
             _log.warning("run %s: could not re-read the journal after a failed write: %s", run.run_id, exc)
 
@@ -238,9 +245,12 @@ class JournalWriter:
         ``_durable`` once the append is written."""
         now = self.clock()
         folded = run.folded
-        reduce = run.workflow.reduce
         before = folded.status
         policy = self.policy(run.workflow)
+        chain = run.chain
+        if chain is None or chain.full_every != (policy.incremental or 0):
+            chain = run.chain = SnapshotChain(run.workflow.reduce, run.workflow.reducers, policy.incremental)
+        reduce = chain.reduce  # the workflow's reducers, noting the fields they touch
         events: list[NewEvent] = []
         gate: str | None = None
         effect = False
@@ -274,7 +284,8 @@ class JournalWriter:
         snap: dict[str, Any] | None = None
         if trigger is not None:
             started = time.perf_counter()
-            snapshot = make_snapshot(folded, trigger, now, self.snapshot_meta(run.workflow))
+            snapshot = chain.make(folded, trigger, now, self.snapshot_meta(run.workflow), run_id=run.run_id,
+                                  key=self.signing_key)
             snap = {"seq": snapshot.seq, "trigger": snapshot.trigger, "bytes": snapshot.size_bytes, "now": now,
                     "total": run.journal_total, "started": started}
         item = {"run_id": run.run_id, "events": events, "token": run.token, "now": now, "status": status,

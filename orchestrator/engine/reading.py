@@ -125,7 +125,7 @@ class StateReading:
         return where + "; folded without the workflow's code (no field needed its reducer)"
 
 
-def read_state(store: Store, run_id: str, wf: Workflow | None) -> StateReading:
+def read_state(store: Store, run_id: str, wf: Workflow | None, *, key: bytes | None = None) -> StateReading:
     """The run's state from its newest verified snapshot and the events after it, with ``wf``'s
     reducers when it is registered, else with the run's recorded reducers (see the module doc)."""
     reduce: Reduce
@@ -135,7 +135,7 @@ def read_state(store: Store, run_id: str, wf: Workflow | None) -> StateReading:
     else:
         recorded = reduce_for(store, run_id)
         reduce = recorded
-    folded, snap_seq, rejected = restore_run(store, run_id, reduce)
+    folded, snap_seq, rejected = restore_run(store, run_id, reduce, key=key)
     return StateReading(folded=folded, snapshot_seq=snap_seq, replayed=folded.seq - snap_seq,
                         rejected=tuple(rejected), with_code=wf is not None,
                         replaced=tuple(sorted(recorded.replaced)) if recorded is not None else ())

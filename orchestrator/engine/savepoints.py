@@ -186,6 +186,8 @@ def read_savepoint(path: Path, *, key: bytes | None) -> Savepoint:
     if snapshot is not None:
         problem = snapshot_problem(SnapshotRecord(snapshot.seq, snapshot.state, snapshot.sha256,
                                                   snapshot.schema_version, snapshot.trigger, snapshot.created_at))
+        if problem is None and snap.get("kind", "full") != "full":
+            problem = "it is not a full snapshot (a savepoint holds a self-contained one)"
         if problem is None and snapshot.schema_version != SNAPSHOT_SCHEMA:
             problem = f"layout {snapshot.schema_version}"
         if problem is not None or not 1 <= snapshot.seq <= len(new_events):

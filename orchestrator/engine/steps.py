@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
 import inspect
 import threading
 import random
@@ -29,10 +28,12 @@ from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.engine.retries import StopAttempts, attempts, with_timeout
 from orchestrator.engine.services import ToolsForSteps
+from orchestrator.engine.views import CowDict, copy_json
 from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError, StepTimeoutError
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 from store import FencedError, Store, StoreError
+from workflows import reducers
 from workflows.errors import RoutingError
 
 __all__ = ["StepRunner", "GaveUp"]
@@ -130,8 +131,8 @@ class StepRunner:
                                                  clock=self.clock, replay=self.replay, attempt=this,
                                                  guard=lambda: self._guard(run, ctx), compensable=compensable))
             holder[:] = [ctx]
-            # A fresh copy each attempt: what an earlier attempt did to its copy is gone with it.
-            view = wf.view(copy_json(run.folded.state))
+            # A fresh view each attempt: what an earlier attempt did to its view is gone with it.
+            view = state_view(wf, run.folded.state)
             try:
                 if step.breaker is None:
                     return await self.call(step, ctx, view, offload)
@@ -227,7 +228,7 @@ class StepRunner:
         wf = run.workflow
         step = wf.steps[name]
         folded = run.folded
-        view = wf.view(copy_json(folded.state))
+        view = state_view(wf, folded.state)
         check = resolve_check(step, self.compensations)
         if check is not None:
             ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=folded.failures.get(name, 0) + 1,
@@ -279,9 +280,8 @@ class StepRunner:
         wf = run.workflow
         if name not in wf.routes and wf.state_model is None:
             return wf.successors(name, None)
-        after = copy_json(run.folded.state)
         # The router sees the update as returned; whether it can be journaled is checked at commit.
-        wf.reduce(after, copy_json(update))
+        after = preview(wf, run.folded.state, update)
         if wf.state_model is not None:
             try:
                 wf.check_state(name, after)
@@ -290,7 +290,7 @@ class StepRunner:
         if name not in wf.routes:
             return wf.successors(name, None)
         try:
-            return wf.successors(name, wf.view(after))
+            return wf.successors(name, wf.view(after) if wf.state_model is not None else CowDict(after))
         except RoutingError as exc:
             raise _Permanent(exc) from exc
         except Exception as exc:
@@ -397,15 +397,33 @@ def _has_compensation(step: Any, compensations: Compensations | None) -> bool:
         return False
 
 
-def copy_json(value: Any) -> Any:
-    """A deep copy of JSON-shaped data (dicts, lists, scalars), faster than ``copy.deepcopy``."""
-    if isinstance(value, dict):
-        return {k: copy_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [copy_json(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return copy.deepcopy(value)
+#: Reducers known to build a new value without changing the current one (workflows.reducers).
+_PURE_REDUCERS = (reducers.replace, reducers.append, reducers.extend, reducers.add, reducers.merge)
+
+
+def state_view(wf: Any, state: dict[str, Any]) -> Any:
+    """What a step sees: a copy-on-access view of a dict state (``engine.views``): nothing it does
+    to it reaches ``state``, and it costs what the step reaches, not the whole state. A typed state
+    is validated from a deep copy (the model shares what it is given)."""
+    if wf.state_model is None:
+        return CowDict(state)
+    return wf.view(copy_json(state))
+
+
+def preview(wf: Any, state: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with ``update`` merged, for the router, leaving ``state`` untouched: a shallow copy
+    whose fields the update touches are deep-copied first unless their reducer is a pure built-in
+    (a user's reducer may change the current value in place). A typed state gets a whole deep copy."""
+    if wf.state_model is not None:
+        after = copy_json(state)
+    else:
+        after = dict(state)
+        pure = wf.reducers
+        for key in update:
+            if key in after and pure.get(key, reducers.replace) not in _PURE_REDUCERS:
+                after[key] = copy_json(after[key])
+    wf.reduce(after, copy_json(update))
+    return after
 
 
 def idempotency_key(run: ActiveRun, name: str) -> str:

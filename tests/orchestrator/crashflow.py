@@ -9,6 +9,7 @@ CRASH says where the process SIGKILLs itself:
     snapshot       right after the first transaction that wrote a snapshot
     in-snapshot    inside the first transaction that writes a snapshot: its row is inserted, the
                    transaction (the events with it) is not committed
+    in-incremental the same inside the first transaction that writes an incremental snapshot
     none           run to the end
 """
 
@@ -117,13 +118,14 @@ def main(argv: list[str]) -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
 
     orc.store.append = append  # type: ignore[method-assign]
-    if CRASH == "in-snapshot":
+    if CRASH in ("in-snapshot", "in-incremental"):
         dialect = orc.store._d  # the crash point is inside the store's transaction
         real_execute = dialect.execute
 
         def execute(conn, sql, params):
             done = real_execute(conn, sql, params)
-            if sql.startswith("INSERT INTO agentsaga_snapshots"):
+            if sql.startswith("INSERT INTO agentsaga_snapshots") and (
+                    CRASH == "in-snapshot" or "incremental" in params):
                 os.kill(os.getpid(), signal.SIGKILL)
             return done
 

@@ -67,7 +67,8 @@ def test_summary_points_at_the_failure_and_pairs_effects_with_compensations(db_u
 
 # -- verify ----------------------------------------------------------------------------------------
 def _run_with_snapshots(db_url: str, wf, run_id: str = "v1") -> list[int]:
-    with Orchestrator(db_url, workflows=[wf], snapshot_every=2, keep_snapshots=20) as orc:
+    # Full snapshots: these tests edit the state a snapshot holds (test_checkpoint_chains.py edits links)
+    with Orchestrator(db_url, workflows=[wf], snapshot_every=2, keep_snapshots=20, incremental_snapshots=None) as orc:
         assert orc.run(wf, {"round": 0}, run_id=run_id).status == "completed"
         return sorted(s.seq for s in orc.store.snapshots(run_id))
 
@@ -152,7 +153,7 @@ def test_verify_without_the_workflow_still_checks_the_scheduler_fields(db_url):
     wf.step(name="two")(lambda ctx, s: {"n": 2})
     wf.edge("one", "two")
     wf.edge("two", END)
-    with Orchestrator(db_url, workflows=[wf], snapshot_every=1, keep_snapshots=10) as orc:
+    with Orchestrator(db_url, workflows=[wf], snapshot_every=1, keep_snapshots=10, incremental_snapshots=None) as orc:
         orc.run(wf, {}, run_id="l1")
         seq = max(s.seq for s in orc.store.snapshots("l1"))
     # When another process, without the workflow, verifies it after a re-hashed tamper
@@ -174,7 +175,7 @@ def test_verify_without_the_workflow_compares_state_its_recorded_reducers_can_fo
     wf.step(name="two")(lambda ctx, s: {"log": "b", "best": 2, "n": 2})
     wf.edge("one", "two")
     wf.edge("two", END)
-    with Orchestrator(db_url, workflows=[wf], snapshot_every=1, keep_snapshots=10) as orc:
+    with Orchestrator(db_url, workflows=[wf], snapshot_every=1, keep_snapshots=10, incremental_snapshots=None) as orc:
         orc.run(wf, {}, run_id="r1")
         seq = max(s.seq for s in orc.store.snapshots("r1"))
     # When a process without the workflow verifies it after a re-hashed tamper of the appended list
@@ -278,7 +279,8 @@ def _store_run(orc: Orchestrator, run_id: str, status: str, at: float, *, snapsh
 def test_gc_deletes_only_old_finished_runs_and_prunes_only_finished_ones(db_url, crash_wf):
     now = 1_800_000_000.0
     clock = Clock(now - 40 * DAY)
-    with Orchestrator(db_url, workflows=[crash_wf], clock=clock, snapshot_every=2, keep_snapshots=20) as orc:
+    with Orchestrator(db_url, workflows=[crash_wf], clock=clock, snapshot_every=2, keep_snapshots=20,
+                      incremental_snapshots=None) as orc:
         # Given runs that ended 40 days ago, and one that ended today
         orc.run(crash_wf, {"round": 0}, run_id="old-done")
         orc.start(crash_wf, {"round": 0}, run_id="old-pending")

@@ -160,11 +160,13 @@ def test_gc_dry_run_then_for_real_never_touching_unfinished_runs(db_url, ledger,
     monkeypatch.setenv("CRASHFLOW_LEDGER", str(ledger))
     wf = load(CRASHFLOW)
     ago = time.time() - 40 * DAY
-    with Orchestrator(db_url, workflows=[wf], clock=lambda: ago, snapshot_every=2, keep_snapshots=9) as orc:
+    # (chains of 2 incremental snapshots, so that keeping the newest leaves older chains to drop)
+    with Orchestrator(db_url, workflows=[wf], clock=lambda: ago, snapshot_every=2, keep_snapshots=9,
+                      incremental_snapshots=2) as orc:
         orc.run(wf, {"round": 0}, run_id="old-1")
         orc.run(wf, {"round": 0}, run_id="old-2")
         orc.start(wf, {"round": 0}, run_id="old-pending")
-    with Orchestrator(db_url, workflows=[wf], snapshot_every=2, keep_snapshots=9) as orc:
+    with Orchestrator(db_url, workflows=[wf], snapshot_every=2, keep_snapshots=9, incremental_snapshots=2) as orc:
         orc.run(wf, {"round": 0}, run_id="recent")
     snapshots = "SELECT COUNT(*) FROM agentsaga_snapshots"
     (before,) = raw_sql(db_url, snapshots)[0]
@@ -180,12 +182,16 @@ def test_gc_dry_run_then_for_real_never_touching_unfinished_runs(db_url, ledger,
     real = agentsaga("gc", "--older-than", "30d", "--keep-snapshots", "1", "--json", db=db_url, ledger=ledger)
     assert real.returncode == 0, real.stderr
     report = json.loads(real.stdout)
-    # Then the old finished runs are gone, the pending one stays, the recent one keeps one snapshot
+    # Then the old finished runs are gone, the pending one stays, the recent one keeps its newest
+    # snapshot and the chain it needs (incremental snapshots: back to its full snapshot), nothing older
     assert sorted(d["run_id"] for d in report["deleted"]) == ["old-1", "old-2"]
     left = [json.loads(line)["run_id"] for line in agentsaga("runs", "--json", db=db_url).stdout.splitlines()]
     assert sorted(left) == ["old-pending", "recent"]
-    assert raw_sql(db_url, "SELECT s.seq FROM agentsaga_snapshots s JOIN agentsaga_runs r ON r.pk = s.run_pk "
-                           "WHERE r.run_id = 'recent'") == [(15,)]
+    kept = raw_sql(db_url, "SELECT s.seq, s.kind FROM agentsaga_snapshots s JOIN agentsaga_runs r"
+                           " ON r.pk = s.run_pk WHERE r.run_id = 'recent' ORDER BY s.seq")
+    assert kept[-1][0] == 15 and kept[0][1] == "full" and {k for _, k in kept[1:]} <= {"incremental"}
+    [recent] = report["pruned"]
+    assert recent["kept"] == [seq for seq, _ in kept] and recent["deleted"]
     assert agentsaga("verify", "recent", db=db_url, ledger=ledger).returncode == 0
 
 

@@ -16,7 +16,7 @@ from workflows import END, Snapshots, Workflow, reducers
 
 
 def counter(name: str, *, stop_at: int | None = None, every: int = 3) -> Workflow:
-    wf = Workflow(name, reducers={"seen": reducers.append}, snapshots=Snapshots(every=every, keep=10))
+    wf = Workflow(name, reducers={"seen": reducers.append}, snapshots=Snapshots(every=every, keep=10, incremental=None))
 
     @wf.step(start=True)
     def tick(ctx, state):

@@ -15,12 +15,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from audit_helpers import agentsaga, assert_one_line_error, tamper_snapshot
 
 from orchestrator import Orchestrator, RunStateError
-from workflows import END, Workflow, reducers
+from workflows import END, Snapshots, Workflow, reducers
 
 
-def counter_workflow(limit: int, *, stop_at: int | None = None) -> Workflow:
-    """Counts to ``limit``; with ``stop_at`` the process "dies" (KeyboardInterrupt) at that count."""
-    wf = Workflow("counter", version="4", reducers={"seen": reducers.append})
+def counter_workflow(limit: int, *, stop_at: int | None = None, full_every: int | None = None) -> Workflow:
+    """Counts to ``limit``; with ``stop_at`` the process "dies" (KeyboardInterrupt) at that count.
+    With ``full_every`` its runs write only full snapshots, every ``full_every`` events, 10 kept."""
+    snapshots = Snapshots(every=full_every, keep=10, incremental=None) if full_every else None
+    wf = Workflow("counter", version="4", reducers={"seen": reducers.append}, snapshots=snapshots)
 
     @wf.step(start=True)
     def tick(ctx, state):
@@ -79,9 +81,14 @@ def test_recovery_reads_only_the_newest_snapshot_that_verifies(orc_factory):
     other.store.snapshot = lambda run_id, seq: read.append(seq) or real_snapshot(run_id, seq)
     other.store.snapshots = lambda run_id: pytest.fail("recovery read every snapshot's state")
     result = other.resume("one")
-    # Then it read exactly one state, the newest, and finished as an uninterrupted run would
+    # Then it read exactly one chain of states: the newest and its bases back to a full snapshot
+    # (incremental snapshots are the default), and finished as an uninterrupted run would
     assert result.state["n"] == 12 and result.state["seen"] == list(range(12))
-    assert read == [newest]
+    catalog = {s.seq: s for s in orc.snapshots("one")}
+    chain = [newest]
+    while catalog[chain[-1]].kind == "incremental":
+        chain.append(catalog[chain[-1]].base_seq)
+    assert len(chain) > 1 and read == chain
     assert resumed_kinds(orc, "one", "Resumed")[0]["snapshot_seq"] == newest
 
 
@@ -90,7 +97,7 @@ def test_recovery_marks_a_snapshot_that_does_not_verify_and_the_next_one_skips_i
     orc = orc_factory(snapshot_every=2, keep_snapshots=10)
     interrupted(orc, "bad", 20, stop_at=6)
     newest = orc.snapshots("bad")[0].seq
-    tamper_snapshot(db_url, "bad", newest, lambda s: s["state"].update(n=99), rehash=False)
+    tamper_snapshot(db_url, "bad", newest, lambda s: s.update(seq=99), rehash=False)
     # When it is resumed and interrupted again before its next snapshot
     with pytest.raises(KeyboardInterrupt):
         orc_factory(counter_workflow(20, stop_at=7), snapshot_every=100).resume("bad")
@@ -113,9 +120,9 @@ def test_recovery_marks_a_snapshot_that_does_not_verify_and_the_next_one_skips_i
 
 # -- verify sets the flags ---------------------------------------------------------------------------
 def test_verify_marks_each_snapshot_verified_failed_or_quarantined(orc_factory, db_url):
-    # Given a finished run with four snapshots: one's bytes damaged, one rewritten with its hash
+    # Given a finished run with four full snapshots: one's bytes damaged, one rewritten with its hash
     # recomputed (only the journal can tell), the others intact
-    wf = counter_workflow(8)
+    wf = counter_workflow(8, full_every=2)
     orc = orc_factory(wf, snapshot_every=2, keep_snapshots=10)
     orc.run(wf, {"n": 0}, run_id="v")
     seqs = sorted(s.seq for s in orc.snapshots("v"))

@@ -107,6 +107,36 @@ def test_sigkill_inside_a_snapshot_write_loses_the_whole_transaction_and_nothing
     assert Counter(e["data"]["step"] for e in before if e["kind"] == "StepCompleted")[lost] < completed[lost]
 
 
+def test_sigkill_inside_an_incremental_snapshot_write_loses_that_link_and_its_chain_still_verifies(
+        db_url, tmp_path, reference_state, monkeypatch):
+    # Given a run whose process is killed inside the first transaction that writes an incremental
+    # snapshot (incremental snapshots are the default), after its row was inserted, before the commit
+    ledger = tmp_path / "ledger"
+    killed = run_child(db_url, "inc", ledger, "in-incremental")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    monkeypatch.setenv("CRASHFLOW_LEDGER", str(ledger))
+    with Orchestrator(db_url, workflows=load_app(str(CHILD)), snapshot_every=4) as orc:
+        # Then only the full snapshot before it is there, and the journal verifies
+        assert [s.kind for s in orc.snapshots("inc")] == ["full"]
+        assert orc.verify("inc", mark=False).ok
+        # When a new process resumes it
+        result = orc.resume("inc")
+        catalog = orc.snapshots("inc")
+        report = orc.verify("inc", mark=False)
+    # Then it completes as an uninterrupted run, writing a new chain whose links all verify
+    assert result.status == "completed", result.error
+    assert result.state == reference_state
+    assert "incremental" in {s.kind for s in catalog} and report.ok, report.lines()
+    # And exactly one step ran twice: the one whose completion died with the link's transaction
+    history_steps = Counter(e["data"]["step"] for e in orc_history(db_url, "inc") if e["kind"] == "StepCompleted")
+    assert sum((Counter(ledger.read_text().split()) - history_steps).values()) == 1
+
+
+def orc_history(db_url: str, run_id: str) -> list[dict]:
+    with Orchestrator(db_url) as orc:
+        return orc.history(run_id)
+
+
 def test_running_the_same_program_again_after_a_crash_continues_the_run(db_url, tmp_path, reference_state,
                                                                         monkeypatch):
     # Given a run whose process was killed with SIGKILL while it held the run's (30 s) lease

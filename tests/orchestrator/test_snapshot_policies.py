@@ -46,7 +46,7 @@ def test_every_n_events_is_the_default_and_the_orchestrator_settings_apply(orc_f
 
 
 def test_a_workflows_own_every_and_keep_override_the_orchestrators(orc_factory):
-    wf = chain(snapshots=Snapshots(every=2, keep=2))
+    wf = chain(snapshots=Snapshots(every=2, keep=2, incremental=None))
     orc = orc_factory(wf, snapshot_every=100, keep_snapshots=10)
     orc.run(wf, {}, run_id="own")
     assert catalog(orc, "own") == [(6, "periodic"), (8, "final")]
@@ -209,4 +209,5 @@ def test_policies_read_as_data():
     assert wf.snapshots == Snapshots(every=50, after_effects=True, gates=("a",),
                                      adaptive=Adaptive(min_every=5, max_every=50))
     assert Snapshots().to_json() == {"every": 100, "seconds": None, "after_effects": False, "gates": [],
-                                     "adaptive": None, "replay_ratio": None, "keep": 3, "finished_ttl": None}
+                                     "adaptive": None, "replay_ratio": None, "incremental": 10, "keep": 3,
+                                     "finished_ttl": None}

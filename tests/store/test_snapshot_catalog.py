@@ -82,3 +82,57 @@ def test_a_version_1_database_migrates_its_snapshots_into_the_catalog(db_url, ra
             seq=3, state="{}", sha256="h3", trigger="final", created_at=T0, workflow="trip"))
         assert [i.workflow for i in s.snapshot_catalog("r1")] == ["trip", "trip"]
     assert raw_sql("SELECT value FROM agentsaga_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
+
+
+def test_a_version_2_database_gains_the_chain_and_signature_columns(db_url, raw_sql):
+    # Given a version-2 database (the catalog without kind, base, root and signature) holding a snapshot
+    with open_store(db_url) as s:
+        token = new_run(s, events=2)
+        s.append("r1", [], token=token, now=T0, snapshot=NewSnapshot(
+            seq=2, state='{"a": 1}', sha256="h2", trigger="periodic", created_at=T0))
+    for column in ("kind", "base_seq", "base_sha256", "root_seq", "signature"):
+        raw_sql(f"ALTER TABLE agentsaga_snapshots DROP COLUMN {column}")
+    raw_sql("UPDATE agentsaga_meta SET value = '2' WHERE key = 'schema_version'")
+    # When this version opens it
+    with open_store(db_url) as s:
+        (info,) = s.snapshot_catalog("r1")
+        # Then the old snapshot is a full one, unsigned, with no base
+        assert (info.seq, info.kind, info.base_seq, info.base_sha256, info.signature) == (2, "full", None, None, None)
+        assert s.snapshot("r1", 2).state == '{"a": 1}'
+        # And an incremental written now keeps its base and root
+        s.append("r1", [ev(3)], token=token, now=T0, snapshot=NewSnapshot(
+            seq=3, state="{}", sha256="h3", trigger="periodic", created_at=T0, kind="incremental",
+            base_seq=2, base_sha256="h2", root_seq=2, signature="sig"))
+        top = s.snapshot_catalog("r1")[0]
+        assert (top.kind, top.base_seq, top.base_sha256, top.root_seq, top.signature) == (
+            "incremental", 2, "h2", 2, "sig")
+    assert raw_sql("SELECT value FROM agentsaga_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
+
+
+def test_pruning_keeps_the_base_chains_of_the_snapshots_it_keeps(store):
+    # Given chains: full 2 <- 3 <- 4, full 5 <- 6 (each incremental names its chain's full snapshot)
+    token = new_run(store, events=6)
+    chains = {2: None, 3: 2, 4: 2, 5: None, 6: 5}
+    for seq, root in chains.items():
+        store.append("r1", [], token=token, now=T0, snapshot=NewSnapshot(
+            seq=seq, state="{}", sha256=f"h{seq}", trigger="periodic", created_at=T0,
+            kind="full" if root is None else "incremental", base_seq=None if root is None else seq - 1,
+            root_seq=root))
+    # When the newest 1 is kept: its chain (5, 6) stays
+    assert store.prune_snapshots("r1", 2) == 3
+    assert [s.seq for s in store.snapshot_catalog("r1")] == [6, 5]
+    assert store.prune_snapshots("r1", 1) == 0
+    # And keeping none drops them all
+    assert store.prune_snapshots("r1", 0) == 2 and store.snapshot_catalog("r1") == []
+
+
+def test_an_append_that_prunes_keeps_the_chain_of_the_newest_k(store):
+    # Given a full snapshot and incremental links written with keep=1
+    token = new_run(store, events=5)
+    for seq in range(2, 6):
+        store.append("r1", [], token=token, now=T0, keep_snapshots=1, snapshot=NewSnapshot(
+            seq=seq, state="{}", sha256=f"h{seq}", trigger="periodic", created_at=T0,
+            kind="full" if seq == 2 else "incremental", base_seq=None if seq == 2 else seq - 1,
+            root_seq=2))
+    # Then every link back to the full snapshot is still there
+    assert [s.seq for s in store.snapshot_catalog("r1")] == [5, 4, 3, 2]
