@@ -162,6 +162,7 @@ class _Base:
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigurationError(f"LLM base_url must be an http(s) URL, got {self.base_url!r}")
         self.endpoint = str(url)
+        self._url = url  # parsed once: httpx takes it as it is, where a string is parsed per request
         self.provider = f"{url.host}:{url.port}" if url.port else url.host
         self.timeout = httpx.Timeout(timeout, connect=min(10.0, timeout))
         self.max_attempts = max_attempts
@@ -341,7 +342,7 @@ class LLM(_Base):
             attempts += 1
             started = time.perf_counter()
             try:
-                response = tool.post(self.endpoint, json=body, headers=headers, timeout=self.timeout)
+                response = tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
             except RetryableToolError as exc:
                 failures.append(self._failure(exc, started))
                 raise
@@ -392,7 +393,7 @@ class AsyncLLM(_Base):
             attempts += 1
             started = time.perf_counter()
             try:
-                response = await tool.post(self.endpoint, json=body, headers=headers, timeout=self.timeout)
+                response = await tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
             except RetryableToolError as exc:
                 failures.append(self._failure(exc, started))
                 raise

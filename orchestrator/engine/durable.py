@@ -24,6 +24,7 @@ side-effect free: the same rule as for any step that is re-run after a crash.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import inspect
 import json
@@ -141,14 +142,16 @@ class DurableExecution:
 
     async def _arecord(self, kind: str, index: int, request: Any, response: Any, ms: float, *,
                        replaced: bool = False, effect: Any = None) -> Any:
-        data = self._completed(kind, index, request, response, ms, False, replaced, effect)
+        await self._aguard()
+        data = self._completed(kind, index, request, response, ms, False, replaced, effect, guarded=True)
         await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
         return self.run.folded.calls[self.step][str(index)]["response"]
 
     def _completed(self, kind: str, index: int, request: Any, response: Any, ms: float, replayed: bool,
-                   replaced: bool, effect: Any) -> dict[str, Any]:
-        """The ``CallCompleted`` event's data (the guard is asked first: a fenced attempt records nothing)."""
-        if self.guard is not None:
+                   replaced: bool, effect: Any, *, guarded: bool = False) -> dict[str, Any]:
+        """The ``CallCompleted`` event's data (the guard is asked first, unless the caller just did: a
+        fenced attempt records nothing)."""
+        if self.guard is not None and not guarded:
             self.guard()
         data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": index, "kind": kind,
                                 "request": request, "response": response, "ms": round(ms, 3)}
@@ -204,8 +207,7 @@ class DurableExecution:
         index, journaled, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
-        if self.guard is not None:
-            self.guard()
+        await self._aguard()
         started = time.perf_counter()
         position = CALL_INDEX.set(index)
         try:
@@ -219,6 +221,12 @@ class DurableExecution:
             CALL_INDEX.reset(position)
         return await self._arecord(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
                                     replaced=replaced, effect=effect)
+
+    async def _aguard(self) -> None:
+        """The guard for an async call: in a thread, since it may read the store (is the lease still
+        ours?), and a read on the event loop would stop every other run for a round trip."""
+        if self.guard is not None:
+            await asyncio.to_thread(self.guard)
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
