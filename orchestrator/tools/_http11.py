@@ -17,6 +17,7 @@ the connection, which goes back to the pool once the body has been read to its e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -32,7 +33,7 @@ _NO_BODY = frozenset({204, 304})
 
 
 class _Conn:
-    __slots__ = ("reader", "writer", "idle_since")
+    __slots__ = ("idle_since", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -43,10 +44,8 @@ class _Conn:
         return not (self.reader.at_eof() or self.writer.is_closing() or now - self.idle_since > expiry)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a connection that cannot even be closed is gone anyway
             self.writer.close()
-        except Exception:  # noqa: BLE001 (a connection that cannot even be closed is gone anyway)
-            pass
 
 
 def _timeout(request: httpx.Request, which: str) -> float | None:

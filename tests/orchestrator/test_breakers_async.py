@@ -51,7 +51,7 @@ def test_callers_asking_during_a_read_share_the_next_one(store):
     # Given a healthy breaker, and reads held until the test releases them
     rows = GatedRows(store)
     cfg = BreakerConfig(name="shared-reads", failure_threshold=3)
-    before, after = StoreBreakers(rows, lambda: T0).ahooks(configs(cfg))
+    before, _ = StoreBreakers(rows, lambda: T0).ahooks(configs(cfg))
     rows.hold = True
 
     async def scenario() -> None:

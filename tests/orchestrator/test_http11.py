@@ -6,6 +6,7 @@ as the HTTP tool maps them."""
 from __future__ import annotations
 
 import asyncio
+from typing import Self
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ class Server:
         self.connections = 0
         self.requests: list[bytes] = []
 
-    async def __aenter__(self) -> Server:
+    async def __aenter__(self) -> Self:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
@@ -70,10 +71,9 @@ def run(coro):
 
 def test_keep_alive_reuses_one_connection_and_sends_the_request_as_given():
     async def scenario():
-        async with Server([ok(b'{"a":1}'), ok(b"second", b"Content-Type: text/plain")]) as srv:
-            async with client() as c:
-                first = await c.post(srv.url + "/v1/x?q=1", json={"k": "v"}, headers={"X-Test": "yes"})
-                second = await c.get(srv.url + "/two")
+        async with Server([ok(b'{"a":1}'), ok(b"second", b"Content-Type: text/plain")]) as srv, client() as c:
+            first = await c.post(srv.url + "/v1/x?q=1", json={"k": "v"}, headers={"X-Test": "yes"})
+            second = await c.get(srv.url + "/two")
             return srv, first, second
 
     srv, first, second = run(scenario())
@@ -89,10 +89,9 @@ def test_chunked_and_unframed_bodies_and_a_closing_server():
     unframed = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end"
 
     async def scenario():
-        async with Server([chunked, ok(b"again"), unframed]) as srv:
-            async with client() as c:
-                texts = [(await c.get(srv.url)).text for _ in range(2)]
-                texts.append((await c.get(srv.url)).text)
+        async with Server([chunked, ok(b"again"), unframed]) as srv, client() as c:
+            texts = [(await c.get(srv.url)).text for _ in range(2)]
+            texts.append((await c.get(srv.url)).text)
             return srv, texts
 
     srv, texts = run(scenario())
@@ -103,9 +102,8 @@ def test_chunked_and_unframed_bodies_and_a_closing_server():
 
 def test_a_closed_connection_is_not_reused():
     async def scenario():
-        async with Server([ok(b"one", b"Connection: close"), ok(b"two")]) as srv:
-            async with client() as c:
-                texts = [(await c.get(srv.url)).text, (await c.get(srv.url)).text]
+        async with Server([ok(b"one", b"Connection: close"), ok(b"two")]) as srv, client() as c:
+            texts = [(await c.get(srv.url)).text, (await c.get(srv.url)).text]
             return srv, texts
 
     srv, texts = run(scenario())
@@ -114,14 +112,12 @@ def test_a_closed_connection_is_not_reused():
 
 def test_failures_are_httpx_errors():
     async def hang_up():
-        async with Server([None]) as srv:
-            async with client() as c:
-                await c.get(srv.url)
+        async with Server([None]) as srv, client() as c:
+            await c.get(srv.url)
 
     async def no_answer():
-        async with Server(["hang"]) as srv:
-            async with client(read=0.05) as c:
-                await c.get(srv.url)
+        async with Server(["hang"]) as srv, client(read=0.05) as c:
+            await c.get(srv.url)
 
     async def nobody_listens():
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
@@ -145,9 +141,8 @@ def test_a_streamed_request_body_goes_through_the_fallback_transport():
         yield b"part2"
 
     async def scenario():
-        async with Server([b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"]) as srv:
-            async with client() as c:
-                response = await c.post(srv.url, content=body())
+        async with Server([b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"]) as srv, client() as c:
+            response = await c.post(srv.url, content=body())
             return srv, response
 
     srv, response = run(scenario())
