@@ -28,6 +28,9 @@ import asyncio
 import difflib
 import inspect
 import json
+import os
+import queue
+import threading
 import time
 from contextvars import ContextVar
 from collections.abc import Awaitable, Callable, Mapping
@@ -223,10 +226,10 @@ class DurableExecution:
                                     replaced=replaced, effect=effect)
 
     async def _aguard(self) -> None:
-        """The guard for an async call: in a thread, since it may read the store (is the lease still
-        ours?), and a read on the event loop would stop every other run for a round trip."""
+        """The guard for an async call: off the event loop, since it may read the store (is the lease
+        still ours?), and a read on the loop would stop every other run for a round trip."""
         if self.guard is not None:
-            await asyncio.to_thread(self.guard)
+            await _GUARDS.check(self.guard)
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
@@ -270,6 +273,76 @@ class DurableExecution:
         raise Suspend(EventKind.TIMER_STARTED, {"step": self.step, "tick": self.tick, "index": index,
                                                   "wake_at": wake_at}, wake_at)
 
+
+class _GuardLane:
+    """Runs async calls' guards on a few threads of its own and hands the verdicts back in batches.
+
+    A thread hop per guard through the loop's default executor costs the event loop more than the
+    guard's own read (a concurrent future, its asyncio twin and a wake-up each). Here a guard costs
+    the loop one future and a queue put; a worker runs every guard queued, then wakes each loop
+    once for all of its verdicts. Each caller still waits for its own guard, so nothing leaves the
+    process, and nothing is journaled, before its guard has passed.
+    """
+
+    def __init__(self, workers: int = 2) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], asyncio.AbstractEventLoop, asyncio.Future]] = \
+            queue.SimpleQueue()
+        self._workers = workers
+        self._started = 0
+        self._lock = threading.Lock()
+
+    def check(self, guard: Callable[[], None]) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self._started < self._workers:
+            with self._lock:
+                while self._started < self._workers:
+                    self._started += 1
+                    threading.Thread(target=self._work, name=f"agentsaga-guard-{self._started}", daemon=True).start()
+        self._queue.put((guard, loop, future))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            verdicts: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, BaseException | None]]] = {}
+            for guard, loop, future in batch:
+                try:
+                    guard()
+                    error: BaseException | None = None
+                except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+                    error = exc
+                verdicts.setdefault(loop, []).append((future, error))
+            for loop, settled in verdicts.items():
+                try:
+                    loop.call_soon_threadsafe(_settle, settled)
+                except RuntimeError:  # the loop was closed meanwhile: nobody is waiting any more
+                    pass
+
+    def forget_threads(self) -> None:
+        """In a forked child: the parent's workers do not exist here; start anew on first use."""
+        self._queue = queue.SimpleQueue()
+        self._started = 0
+        self._lock = threading.Lock()
+
+
+def _settle(settled: list[tuple[asyncio.Future, BaseException | None]]) -> None:
+    for future, error in settled:
+        if future.done():  # the caller was cancelled
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
+_GUARDS = _GuardLane()
+os.register_at_fork(after_in_child=_GUARDS.forget_threads)
 
 _TOOL_ERRORS = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError)}
 
