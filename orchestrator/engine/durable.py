@@ -229,7 +229,7 @@ class DurableExecution:
         """The guard for an async call: off the event loop, since it may read the store (is the lease
         still ours?), and a read on the loop would stop every other run for a round trip."""
         if self.guard is not None:
-            await _GUARDS.check(self.guard)
+            await (_SQLITE_GUARDS if self.journal.store.dialect == "sqlite" else _GUARDS).check(self.guard)
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
@@ -341,8 +341,12 @@ def _settle(settled: list[tuple[asyncio.Future, BaseException | None]]) -> None:
             future.set_exception(error)
 
 
-_GUARDS = _GuardLane()
-os.register_at_fork(after_in_child=_GUARDS.forget_threads)
+#: a guard's read is a round trip to a server (Postgres): more of them at once; SQLite reads are local
+#: and take the interpreter's lock longer, so fewer threads there keep more of it for the event loop
+_GUARDS = _GuardLane(workers=4)
+_SQLITE_GUARDS = _GuardLane(workers=2)
+for _lane in (_GUARDS, _SQLITE_GUARDS):
+    os.register_at_fork(after_in_child=_lane.forget_threads)
 
 _TOOL_ERRORS = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError)}
 
