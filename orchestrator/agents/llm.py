@@ -34,8 +34,10 @@ passes a ``BreakerConfig`` (``breaker=False``: none). Its state is the engine's 
 breaker state (shared by all workers); its settings come from the Orchestrator's breaker registry
 (``declare_breaker("llm:api.openai.com", ...)``) or the defaults. Every attempt counts, so a dead
 provider opens the breaker and later calls fail fast with ``CircuitOpenError`` without a request.
-Transitions are journaled on the step's event, like ``ctx.http``'s. Outside an Orchestrator
-(``llm.complete(request)``) pass ``breakers=StoreBreakers(...)`` to get one.
+Transitions are journaled on the step's event, like ``ctx.http``'s. ``AsyncLLM`` decides on a read
+of the breaker's state at most ``BREAKER_MAX_AGE`` (0.1 s) old, shared by the calls in flight: a
+breaker another worker opened is honoured within that time; one this process trips, at once.
+Outside an Orchestrator (``llm.complete(request)``) pass ``breakers=StoreBreakers(...)`` to get one.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ __all__ = ["LLM", "AsyncLLM", "ChatResult", "ToolCall", "DEFAULT_BASE_URL"]
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _RESERVED = frozenset({"model", "messages", "tools", "stream"})  # not settable through **params
 _SNIPPET = 300
+#: An async call's breaker may be decided on a read of its state that began this long ago (seconds):
+#: under load a healthy breaker then costs a few reads a second, not two per call.
+BREAKER_MAX_AGE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,8 +244,9 @@ class _Base:
             config_for = step_tools.box.breaker_settings.config_for
         else:
             config_for = lambda n: BreakerConfig(name=n)  # noqa: E731
-        make = breakers.ahooks if is_async else breakers.hooks
-        options["breaker"] = make(config_for, step_tools.transitions.append if step_tools else None)
+        on_transition = step_tools.transitions.append if step_tools else None
+        options["breaker"] = breakers.ahooks(config_for, on_transition, max_age=BREAKER_MAX_AGE) if is_async \
+            else breakers.hooks(config_for, on_transition)
         return options
 
     def _next_wait(self, error: RetryableToolError, attempts: int) -> float | None:

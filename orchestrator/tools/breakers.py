@@ -134,10 +134,24 @@ class StoreBreakers:
         self,
         configs: BreakerRegistry | Callable[[str], BreakerConfig],
         on_transition: Callable[[Transition], Any] | None = None,
+        *,
+        max_age: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> tuple[Callable[[str], Awaitable[None]], Callable[[str, bool], Awaitable[None]]]:
         """``hooks`` for async callers (``AsyncHttpTool(breaker=...)``): the same decisions, never a
-        blocking call on the event loop, and the state reads shared (see the module docstring)."""
+        blocking call on the event loop, and the state reads shared (see the module docstring).
+
+        ``max_age`` (seconds of ``monotonic``): a read that began at most this long before a call
+        asked may decide it, so under load a healthy breaker costs a read per ``max_age``, not one
+        per call. A change made by another process is then honoured within ``max_age``; a change
+        this process makes (a failure, a probe) is always decided on a fresh read. 0: every call
+        waits for a read that began after it asked."""
         config_for = configs.config_for if isinstance(configs, BreakerRegistry) else configs
+
+        async def state(name: str) -> BreakerState:
+            shared = self._shared(name)
+            known = shared.known(max_age, monotonic)
+            return known if known is not None else await asyncio.shield(shared.request(monotonic))
 
         def report(transition: Transition | None) -> None:
             if transition is not None and on_transition is not None:
@@ -145,28 +159,34 @@ class StoreBreakers:
 
         async def before(name: str) -> None:
             config = config_for(name)
-            current = await self._shared_read(config.name)
+            current = await state(config.name)
             now = self._clock()
             allowed, new, retry_at, transition = decide(config, current, now)
-            if new == current:  # nothing to write: decided on a read that began after we asked
+            if new == current:  # nothing to write: decided on a read recent enough (see max_age)
                 if not allowed:
                     raise self._open_error(config, current, now, retry_at)
                 report(transition)
                 return
-            report(await asyncio.to_thread(self.before_call, config))  # a change: compare-and-set
+            try:
+                report(await asyncio.to_thread(self.before_call, config))  # a change: compare-and-set
+            finally:
+                self._shared(config.name).written(monotonic())
 
         async def after(name: str, ok: bool) -> None:
             config = config_for(name)
-            current = await self._shared_read(config.name)
+            current = await state(config.name)
             new, transition = record(config, current, self._clock(), ok)
             if new == current:
                 report(transition)
                 return
-            report(await asyncio.to_thread(self.after_call, config, ok))
+            try:
+                report(await asyncio.to_thread(self.after_call, config, ok))
+            finally:
+                self._shared(config.name).written(monotonic())
 
         return before, after
 
-    async def _shared_read(self, name: str) -> BreakerState:
+    def _shared(self, name: str) -> _SharedRead:
         loop = asyncio.get_running_loop()
         with self._reads_lock:
             reads = self._reads.get(loop)
@@ -175,7 +195,7 @@ class StoreBreakers:
             shared = reads.get(name)
             if shared is None:
                 shared = reads[name] = _SharedRead(loop, lambda: self._store.breakers.get(name))
-        return await asyncio.shield(shared.request())
+        return shared
 
     @staticmethod
     def _open_error(config: BreakerConfig, state: BreakerState, now: float, retry_at: float | None) -> CircuitOpenError:
@@ -209,8 +229,24 @@ class _SharedRead:
         self._queued: asyncio.Future[BreakerState] | None = None  # for the next read to begin
         self._busy = False
         self._parsed: tuple[str | None, BreakerState] = (None, BreakerState())
+        self._last: tuple[float, BreakerState] | None = None  # when the newest finished read began, its state
+        self._clock: Callable[[], float] = time.monotonic
+        self._written = float("-inf")  # when this process last changed the row
 
-    def request(self) -> asyncio.Future[BreakerState]:
+    def written(self, now: float) -> None:
+        """This process changed the row: no read that began before now stands for it any more."""
+        self._written = now
+        self._last = None
+
+    def known(self, max_age: float, monotonic: Callable[[], float]) -> BreakerState | None:
+        """The newest read's state if it began at most ``max_age`` ago, else None."""
+        last = self._last
+        if last is None or max_age <= 0 or monotonic() - last[0] > max_age:
+            return None
+        return last[1]
+
+    def request(self, monotonic: Callable[[], float] = time.monotonic) -> asyncio.Future[BreakerState]:
+        self._clock = monotonic
         future = self._queued
         if future is None:
             future = self._queued = self._loop.create_future()
@@ -222,6 +258,7 @@ class _SharedRead:
         future, self._queued = self._queued, None
         assert future is not None
         self._busy = True
+        began = self._clock()
         reading = self._loop.run_in_executor(None, self._read)
 
         def done(reading: asyncio.Future[tuple[str | None, int]]) -> None:
@@ -231,6 +268,8 @@ class _SharedRead:
                     text, _version = reading.result()
                     if text != self._parsed[0]:
                         self._parsed = (text, BreakerState.from_json(text))
+                    if began >= self._written and (self._last is None or began >= self._last[0]):
+                        self._last = (began, self._parsed[1])
                     future.set_result(self._parsed[1])
                 except BaseException as exc:  # noqa: BLE001 (handed to every waiter)
                     future.set_exception(exc)

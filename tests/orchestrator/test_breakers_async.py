@@ -148,3 +148,66 @@ def test_concurrent_async_callers_take_exactly_the_half_open_slots(store):
     assert sum(admitted) == 2
     assert [(t["from"], t["to"]) for t in seen] == [("open", "half_open"), ("half_open", "closed")]
     assert breakers.state(cfg.name).state == "closed"
+
+
+class Monotonic:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_with_max_age_a_recent_read_decides_and_another_workers_change_is_seen_once_it_is_older(store, db_url):
+    # Given async hooks that may decide on a read up to one second old
+    rows = GatedRows(store)
+    mono = Monotonic()
+    cfg = BreakerConfig(name="aged", failure_threshold=1, reset_timeout=60)
+    before, after = StoreBreakers(rows, lambda: T0).ahooks(configs(cfg), max_age=1.0, monotonic=mono)
+    other = open_store(db_url)
+
+    async def call() -> object:
+        try:
+            await before(cfg.name)
+        except CircuitOpenError as exc:
+            return exc
+        await after(cfg.name, True)
+        return None
+
+    async def scenario() -> tuple[list, int, object, object]:
+        # When ten calls run within the second, another worker opens the breaker, and time moves on
+        first = [await call() for _ in range(10)]
+        reads_within = rows.reads
+        other_breakers = StoreBreakers(other, lambda: T0)
+        other_breakers.before_call(cfg)
+        other_breakers.after_call(cfg, ok=False)
+        mono.now += 0.5
+        still_admitted = await call()
+        mono.now += 0.6
+        return first, reads_within, still_admitted, await call()
+
+    try:
+        first, reads_within, still_admitted, refused = asyncio.run(scenario())
+    finally:
+        other.close()
+    # Then the ten calls cost one read; within the second the old read still decides; after it, the
+    # breaker the other worker opened is honoured
+    assert first == [None] * 10 and reads_within == 1
+    assert still_admitted is None
+    assert isinstance(refused, CircuitOpenError)
+
+
+def test_with_max_age_a_breaker_this_process_trips_is_honoured_at_once(store):
+    # Given hooks deciding on reads up to a minute old, and a breaker opening at the first failure
+    mono = Monotonic()
+    cfg = BreakerConfig(name="mine", failure_threshold=1, reset_timeout=60)
+    before, after = StoreBreakers(store, lambda: T0).ahooks(configs(cfg), max_age=60.0, monotonic=mono)
+
+    async def scenario() -> None:
+        await before(cfg.name)  # a read of the closed breaker, recent for a minute
+        await after(cfg.name, False)  # this process trips it
+        await before(cfg.name)
+
+    # When the next call asks within the minute, it is refused: the old read no longer stands
+    with pytest.raises(CircuitOpenError, match="'mine' is open"):
+        asyncio.run(scenario())
