@@ -365,9 +365,8 @@ def test_a_request_journaled_with_its_nested_json_compacted_is_the_same_request(
         wf.edge("think", END)
         return wf
 
-    with Orchestrator(db_url, workflows=[asking('{"city":"Paris"}', stop=True)]) as orc:
-        with pytest.raises(Stop):
-            orc.run(orc.workflows.get("nested"), {}, run_id="n1")
+    with Orchestrator(db_url, workflows=[asking('{"city":"Paris"}', stop=True)]) as orc, pytest.raises(Stop):
+        orc.run(orc.workflows.get("nested"), {}, run_id="n1")
     # When the step runs again with the same arguments as the model wrote them (spaced)
     with Orchestrator(db_url, workflows=[asking('{"city": "Paris"}', stop=False)]) as orc:
         result = orc.resume("n1")
