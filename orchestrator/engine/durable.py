@@ -49,6 +49,7 @@ from orchestrator.errors import (
 )
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
+from orchestrator.payload.redact import same_request
 
 __all__ = ["DurableExecution", "Suspend", "FOREVER", "CALL_INDEX", "recorded_error"]
 
@@ -120,7 +121,7 @@ class DurableExecution:
         journaled_request = codec.loads(text)
         prior = self.run.folded.calls.get(self.step, {}).get(str(index))
         if prior is not None:
-            if prior["kind"] == kind and _same_request(prior["request"], journaled_request):
+            if prior["kind"] == kind and same_request(prior["request"], journaled_request):
                 if "error" not in prior:
                     return index, journaled_request, prior["response"], False
                 if prior.get("attempt") == self.attempt:
@@ -366,28 +367,6 @@ def recorded_error(error: Mapping[str, Any], step: str, index: int) -> Exception
         return cls(message, tool=error.get("tool"), status=error.get("status"))
     return CallFailedError(f"call {index} of step {step!r} failed earlier in this attempt and is not performed "
                            f"again: {type_name}: {message}", type_name=type_name)
-
-
-def _same_request(journaled: Any, request: Any) -> bool:
-    """Whether a journaled request is ``request``. Journals written before redaction left untouched
-    JSON nested in strings as it was hold it re-encoded compactly (``{"a": 1}`` as ``{"a":1}``):
-    such a request is the same request, not changed code."""
-    return journaled == request or _compact_nested(journaled) == _compact_nested(request)
-
-
-def _compact_nested(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _compact_nested(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_compact_nested(v) for v in value]
-    if isinstance(value, str) and value[:1] in ("{", "["):
-        try:
-            nested = json.loads(value)
-        except ValueError:
-            return value
-        if isinstance(nested, (dict, list)):
-            return json.dumps(_compact_nested(nested), ensure_ascii=False, separators=(",", ":"))
-    return value
 
 
 def _changed(step: str, index: int, prior: Mapping[str, Any], kind: str, request: Any) -> str:

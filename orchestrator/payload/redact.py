@@ -520,3 +520,26 @@ class JournalRedactor:
             return text
         out.append(text[done:])
         return "".join(out)
+
+
+def same_request(journaled: Any, request: Any) -> bool:
+    """Whether a journaled request (a durable call's, a cassette's) is ``request``. Journals and
+    cassettes written while redaction re-encoded every JSON nested in a string hold it compacted
+    (``{"a": 1}`` as ``{"a":1}``) even where nothing was redacted: such a request is the same
+    request, not changed code."""
+    return journaled == request or _compact_nested(journaled) == _compact_nested(request)
+
+
+def _compact_nested(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _compact_nested(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_compact_nested(v) for v in value]
+    if isinstance(value, str) and value[:1] in ("{", "[") and len(value) <= _NESTED_JSON_LIMIT:
+        try:
+            nested = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(nested, (dict, list)):
+            return json.dumps(_compact_nested(nested), ensure_ascii=False, separators=(",", ":"))
+    return value
