@@ -211,3 +211,25 @@ def test_with_max_age_a_breaker_this_process_trips_is_honoured_at_once(store):
     # When the next call asks within the minute, it is refused: the old read no longer stands
     with pytest.raises(CircuitOpenError, match="'mine' is open"):
         asyncio.run(scenario())
+
+
+def test_call_limits_wrap_async_breaker_hooks_and_an_open_breaker_takes_no_slot(store):
+    # Given a tool limited to one call in flight, behind async breaker hooks
+    from orchestrator.tools.limits import CallLimits
+
+    cfg = BreakerConfig(name="limited", failure_threshold=1, reset_timeout=60)
+    limits = CallLimits(store, {"limited": 1}, owner="me", clock=lambda: T0)
+    before, after = limits.wrap(StoreBreakers(store, lambda: T0).ahooks(configs(cfg)), is_async=True)
+
+    async def scenario() -> None:
+        # When a call goes out and fails (the breaker opens), and another one asks
+        await before(cfg.name)
+        assert store.slots.held("limited", now=T0) == 1
+        await after(cfg.name, False)
+        assert store.slots.held("limited", now=T0) == 0
+        await before(cfg.name)
+
+    # Then the second is refused by the breaker, before taking the slot
+    with pytest.raises(CircuitOpenError):
+        asyncio.run(scenario())
+    assert store.slots.held("limited", now=T0) == 0
