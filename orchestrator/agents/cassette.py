@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.payload import codec
+from orchestrator.payload.redact import same_request
 from orchestrator.errors import ReplayError, ReplayMismatchError, ReplayMissingError
 
 __all__ = ["Cassette", "CASSETTE_FORMAT", "CASSETTE_VERSION"]
@@ -130,7 +131,7 @@ class Cassette:
                      else "no calls for that step")
             raise ReplayMissingError(f"replay: the cassette has no recording for {where}; it holds {known}")
         for entry in recorded:
-            if entry["kind"] == kind and entry["request"] == request:
+            if entry["kind"] == kind and same_request(entry["request"], request):
                 return copy.deepcopy(entry["response"])
         latest = recorded[-1]
         if latest["kind"] != kind:

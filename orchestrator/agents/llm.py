@@ -21,7 +21,8 @@ What is journaled:
   ``size`` is the full size in bytes. The step sees what the journal holds, on the first run as on
   a resumed one, so behaviour does not depend on whether the answer was replayed.
 
-Retries happen inside the call (tenacity, the sleep injectable): connect errors, timeouts, 429 and
+Retries happen inside the call (a plain loop, the sleep injectable: building a tenacity retrier
+cost more per call than the rest of the client's own work): connect errors, timeouts, 429 and
 5xx, up to ``max_attempts``, waiting exactly ``Retry-After`` when the server sends one and
 exponential backoff with jitter otherwise. A ``Retry-After`` longer than ``max_retry_after`` is not
 waited out in-process: the error is raised (retryable, carrying ``retry_after``) for the step's own
@@ -33,8 +34,10 @@ passes a ``BreakerConfig`` (``breaker=False``: none). Its state is the engine's 
 breaker state (shared by all workers); its settings come from the Orchestrator's breaker registry
 (``declare_breaker("llm:api.openai.com", ...)``) or the defaults. Every attempt counts, so a dead
 provider opens the breaker and later calls fail fast with ``CircuitOpenError`` without a request.
-Transitions are journaled on the step's event, like ``ctx.http``'s. Outside an Orchestrator
-(``llm.complete(request)``) pass ``breakers=StoreBreakers(...)`` to get one.
+Transitions are journaled on the step's event, like ``ctx.http``'s. ``AsyncLLM`` decides on a read
+of the breaker's state at most ``BREAKER_MAX_AGE`` (0.1 s) old, shared by the calls in flight: a
+breaker another worker opened is honoured within that time; one this process trips, at once.
+Outside an Orchestrator (``llm.complete(request)``) pass ``breakers=StoreBreakers(...)`` to get one.
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
 
 from compensations import BreakerConfig
 from orchestrator.payload.truncate import bound_json
@@ -66,6 +68,9 @@ __all__ = ["LLM", "AsyncLLM", "ChatResult", "ToolCall", "DEFAULT_BASE_URL"]
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _RESERVED = frozenset({"model", "messages", "tools", "stream"})  # not settable through **params
 _SNIPPET = 300
+#: An async call's breaker may be decided on a read of its state that began this long ago (seconds):
+#: under load a healthy breaker then costs a few reads a second, not two per call.
+BREAKER_MAX_AGE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +167,7 @@ class _Base:
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigurationError(f"LLM base_url must be an http(s) URL, got {self.base_url!r}")
         self.endpoint = str(url)
+        self._url = url  # parsed once: httpx takes it as it is, where a string is parsed per request
         self.provider = f"{url.host}:{url.port}" if url.port else url.host
         self.timeout = httpx.Timeout(timeout, connect=min(10.0, timeout))
         self.max_attempts = max_attempts
@@ -214,8 +220,10 @@ class _Base:
             return self._breaker.name
         return self._breaker if isinstance(self._breaker, str) else f"llm:{self.provider}"
 
-    def _tool_options(self, ctx: Any) -> dict[str, Any]:
-        """HttpTool options: the breaker hooks (the step's store-backed breakers) and redactor."""
+    def _tool_options(self, ctx: Any, *, is_async: bool = False) -> dict[str, Any]:
+        """HttpTool options: the breaker hooks (the step's store-backed breakers) and redactor. For
+        an async call the hooks never block the event loop and share their reads of the breaker's
+        state with the other calls in flight (``StoreBreakers.ahooks``)."""
         step_tools = None
         if ctx is not None and hasattr(ctx, "tools"):
             try:
@@ -236,21 +244,21 @@ class _Base:
             config_for = step_tools.box.breaker_settings.config_for
         else:
             config_for = lambda n: BreakerConfig(name=n)  # noqa: E731
-        options["breaker"] = breakers.hooks(config_for, step_tools.transitions.append if step_tools else None)
+        on_transition = step_tools.transitions.append if step_tools else None
+        options["breaker"] = breakers.ahooks(config_for, on_transition, max_age=BREAKER_MAX_AGE) if is_async \
+            else breakers.hooks(config_for, on_transition)
         return options
 
-    def _wait(self, state: RetryCallState) -> float:
-        error = state.outcome.exception() if state.outcome else None
-        if isinstance(error, RetryableToolError) and error.retry_after is not None:
+    def _next_wait(self, error: RetryableToolError, attempts: int) -> float | None:
+        """Seconds to wait after ``attempts`` attempts, the last failing with ``error``; None: give up."""
+        if (error.retry_after or 0) > self.max_retry_after:
+            return None  # too long to hold the step here: the step's Retry policy can wait it out
+        if attempts >= self.max_attempts:
+            return None
+        if error.retry_after is not None:
             return error.retry_after  # the server said when; no sooner, and no need to wait longer
-        base = min(self.max_backoff, self.backoff * 2 ** (state.attempt_number - 1))
+        base = min(self.max_backoff, self.backoff * 2 ** (attempts - 1))
         return base * (0.5 + self._rng.random() / 2)
-
-    def _stop(self, state: RetryCallState) -> bool:
-        error = state.outcome.exception() if state.outcome else None
-        if isinstance(error, RetryableToolError) and (error.retry_after or 0) > self.max_retry_after:
-            return True  # too long to hold the step here: the step's Retry policy can wait it out
-        return state.attempt_number >= self.max_attempts
 
     def _explain(self, error: Exception, attempts: int) -> Exception:
         if isinstance(error, PermanentToolError) and error.status in (401, 403):
@@ -294,16 +302,6 @@ class _Base:
             if error.retry_after is not None:
                 entry["retry_after"] = error.retry_after
         return entry
-
-    def _retrying(self, cls: type, sleep: Any, failures: list[dict[str, Any]]) -> Any:
-        def record(state: RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome else None
-            if error is not None and failures:
-                failures[-1]["waited"] = round(state.upcoming_sleep, 3)
-
-        return cls(sleep=sleep, stop=self._stop, wait=self._wait, reraise=True,
-                   retry=retry_if_exception_type(RetryableToolError), before_sleep=record)
-
 
 class LLM(_Base):
     """The synchronous client, for sync steps. ``sleep`` is used between retries (inject it in tests)."""
@@ -350,14 +348,22 @@ class LLM(_Base):
             attempts += 1
             started = time.perf_counter()
             try:
-                response = tool.post(self.endpoint, json=body, headers=headers, timeout=self.timeout)
+                response = tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
             except RetryableToolError as exc:
                 failures.append(self._failure(exc, started))
                 raise
             return self._shape(response, failures, (time.perf_counter() - started) * 1000)
 
         try:
-            return self._retrying(Retrying, self._sleep, failures)(attempt)
+            while True:
+                try:
+                    return attempt()
+                except RetryableToolError as exc:
+                    wait = self._next_wait(exc, attempts)
+                    if wait is None:
+                        raise
+                    failures[-1]["waited"] = round(wait, 3)
+                    self._sleep(wait)
         except (RetryableToolError, PermanentToolError) as exc:
             raise self._explain(exc, attempts) from None
 
@@ -384,12 +390,7 @@ class AsyncLLM(_Base):
         # cost an SSL context and a new connection per call.
         box = _box(ctx)
         client = box.async_client() if box is not None else self._clients.get()
-        options = self._tool_options(ctx)
-        if "breaker" in options:  # the store-backed breaker does blocking I/O: keep it off the loop
-            before, after = options["breaker"]
-            options["breaker"] = (lambda name: asyncio.to_thread(before, name),
-                                  lambda name, ok: asyncio.to_thread(after, name, ok))
-        tool = AsyncHttpTool(client=client, **options)
+        tool = AsyncHttpTool(client=client, **self._tool_options(ctx, is_async=True))
         body, headers, failures = self._body(request), self._http_headers(), []
         attempts = 0
 
@@ -398,14 +399,22 @@ class AsyncLLM(_Base):
             attempts += 1
             started = time.perf_counter()
             try:
-                response = await tool.post(self.endpoint, json=body, headers=headers, timeout=self.timeout)
+                response = await tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
             except RetryableToolError as exc:
                 failures.append(self._failure(exc, started))
                 raise
             return self._shape(response, failures, (time.perf_counter() - started) * 1000)
 
         try:
-            return await self._retrying(AsyncRetrying, self._sleep, failures)(attempt)
+            while True:
+                try:
+                    return await attempt()
+                except RetryableToolError as exc:
+                    wait = self._next_wait(exc, attempts)
+                    if wait is None:
+                        raise
+                    failures[-1]["waited"] = round(wait, 3)
+                    await self._sleep(wait)
         except (RetryableToolError, PermanentToolError) as exc:
             raise self._explain(exc, attempts) from None
 

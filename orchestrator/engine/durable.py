@@ -24,9 +24,13 @@ side-effect free: the same rule as for any step that is re-run after a crash.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import inspect
 import json
+import os
+import queue
+import threading
 import time
 from contextvars import ContextVar
 from collections.abc import Awaitable, Callable, Mapping
@@ -45,6 +49,7 @@ from orchestrator.errors import (
 )
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
+from orchestrator.payload.redact import same_request
 
 __all__ = ["DurableExecution", "Suspend", "FOREVER", "CALL_INDEX", "recorded_error"]
 
@@ -109,14 +114,14 @@ class DurableExecution:
                             f"{type(request).__name__}; wrap it, e.g. {{'messages': [...]}}")
         index = self._calls
         self._calls += 1
-        # force=True: the event's redaction may run whatever this request holds (a response can
-        # trip the pre-filter), and redaction normalises JSON text: compare like with like.
+        # Redacted as the event will be: redaction changes nothing but secrets (whether the pre-filter
+        # fires on this request or, later, on the whole event), so this is what the journal will hold.
         text = self.journal.redact(codec.dumps(dict(request), what=f"request of {kind} call {index} in step "
-                                                                       f"{self.step!r}"), force=True)
+                                                                       f"{self.step!r}"))
         journaled_request = codec.loads(text)
         prior = self.run.folded.calls.get(self.step, {}).get(str(index))
         if prior is not None:
-            if prior["kind"] == kind and prior["request"] == journaled_request:
+            if prior["kind"] == kind and same_request(prior["request"], journaled_request):
                 if "error" not in prior:
                     return index, journaled_request, prior["response"], False
                 if prior.get("attempt") == self.attempt:
@@ -141,14 +146,16 @@ class DurableExecution:
 
     async def _arecord(self, kind: str, index: int, request: Any, response: Any, ms: float, *,
                        replaced: bool = False, effect: Any = None) -> Any:
-        data = self._completed(kind, index, request, response, ms, False, replaced, effect)
+        await self._aguard()
+        data = self._completed(kind, index, request, response, ms, False, replaced, effect, guarded=True)
         await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
         return self.run.folded.calls[self.step][str(index)]["response"]
 
     def _completed(self, kind: str, index: int, request: Any, response: Any, ms: float, replayed: bool,
-                   replaced: bool, effect: Any) -> dict[str, Any]:
-        """The ``CallCompleted`` event's data (the guard is asked first: a fenced attempt records nothing)."""
-        if self.guard is not None:
+                   replaced: bool, effect: Any, *, guarded: bool = False) -> dict[str, Any]:
+        """The ``CallCompleted`` event's data (the guard is asked first, unless the caller just did: a
+        fenced attempt records nothing)."""
+        if self.guard is not None and not guarded:
             self.guard()
         data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": index, "kind": kind,
                                 "request": request, "response": response, "ms": round(ms, 3)}
@@ -204,8 +211,7 @@ class DurableExecution:
         index, journaled, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
-        if self.guard is not None:
-            self.guard()
+        await self._aguard()
         started = time.perf_counter()
         position = CALL_INDEX.set(index)
         try:
@@ -219,6 +225,12 @@ class DurableExecution:
             CALL_INDEX.reset(position)
         return await self._arecord(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
                                     replaced=replaced, effect=effect)
+
+    async def _aguard(self) -> None:
+        """The guard for an async call: off the event loop, since it may read the store (is the lease
+        still ours?), and a read on the loop would stop every other run for a round trip."""
+        if self.guard is not None:
+            await (_SQLITE_GUARDS if self.journal.store.dialect == "sqlite" else _GUARDS).check(self.guard)
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
@@ -262,6 +274,80 @@ class DurableExecution:
         raise Suspend(EventKind.TIMER_STARTED, {"step": self.step, "tick": self.tick, "index": index,
                                                   "wake_at": wake_at}, wake_at)
 
+
+class _GuardLane:
+    """Runs async calls' guards on a few threads of its own and hands the verdicts back in batches.
+
+    A thread hop per guard through the loop's default executor costs the event loop more than the
+    guard's own read (a concurrent future, its asyncio twin and a wake-up each). Here a guard costs
+    the loop one future and a queue put; a worker runs every guard queued, then wakes each loop
+    once for all of its verdicts. Each caller still waits for its own guard, so nothing leaves the
+    process, and nothing is journaled, before its guard has passed.
+    """
+
+    def __init__(self, workers: int = 2) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], asyncio.AbstractEventLoop, asyncio.Future]] = \
+            queue.SimpleQueue()
+        self._workers = workers
+        self._started = 0
+        self._lock = threading.Lock()
+
+    def check(self, guard: Callable[[], None]) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self._started < self._workers:
+            with self._lock:
+                while self._started < self._workers:
+                    self._started += 1
+                    threading.Thread(target=self._work, name=f"agentsaga-guard-{self._started}", daemon=True).start()
+        self._queue.put((guard, loop, future))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            verdicts: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, BaseException | None]]] = {}
+            for guard, loop, future in batch:
+                try:
+                    guard()
+                    error: BaseException | None = None
+                except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+                    error = exc
+                verdicts.setdefault(loop, []).append((future, error))
+            for loop, settled in verdicts.items():
+                try:
+                    loop.call_soon_threadsafe(_settle, settled)
+                except RuntimeError:  # the loop was closed meanwhile: nobody is waiting any more
+                    pass
+
+    def forget_threads(self) -> None:
+        """In a forked child: the parent's workers do not exist here; start anew on first use."""
+        self._queue = queue.SimpleQueue()
+        self._started = 0
+        self._lock = threading.Lock()
+
+
+def _settle(settled: list[tuple[asyncio.Future, BaseException | None]]) -> None:
+    for future, error in settled:
+        if future.done():  # the caller was cancelled
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
+#: a guard's read is a round trip to a server (Postgres): more of them at once; SQLite reads are local
+#: and take the interpreter's lock longer, so fewer threads there keep more of it for the event loop
+_GUARDS = _GuardLane(workers=4)
+_SQLITE_GUARDS = _GuardLane(workers=2)
+for _lane in (_GUARDS, _SQLITE_GUARDS):
+    os.register_at_fork(after_in_child=_lane.forget_threads)
 
 _TOOL_ERRORS = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError)}
 

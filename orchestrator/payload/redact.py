@@ -97,6 +97,8 @@ _NOT_SECRET_HEADERS = frozenset({"idempotency_key"})
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SEPARATORS = re.compile(r"[^A-Za-z0-9]+")
 
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # one string token of a JSON text
+_DECODER = json.JSONDecoder()
 _NESTED_JSON_LIMIT = 1 << 20  # bytes of a JSON-looking string worth parsing to redact its fields
 
 
@@ -313,6 +315,24 @@ class Redactor:
         out.append(text[done:])
         return "".join(out)
 
+    def _hint_positions(self, text: str) -> list[int] | None:
+        """Where in ``text`` the pre-filter finds something, in order (empty: nothing to redact);
+        None when positions cannot stand for the rules (the user's own patterns may match across
+        strings; a lower-cased text of another length)."""
+        if self.patterns:
+            return None
+        low = text.lower()
+        if len(low) != len(text):
+            return None
+        found = [m.start() for m in _FORMAT_HINT.finditer(text)]
+        for m in _NAME_HINT.finditer(low):
+            if not m.group().startswith("basic") or _BASIC_HINT.match(text, m.start()) is not None:
+                found.append(m.start())
+        if self._field_hint is not None:
+            found += [m.start() for m in self._field_hint.finditer(low)]
+        found.sort()
+        return found
+
     def _may_match(self, text: str) -> bool:
         """The pre-filter for one string: False only when no built-in rule or field name applies."""
         if _FORMAT_HINT.search(text) is not None:
@@ -370,7 +390,10 @@ class Redactor:
             except ValueError:
                 nested = None
             if isinstance(nested, (dict, list)):
-                return json.dumps(self.json(nested), ensure_ascii=False, separators=(",", ":"))
+                clean = self.json(nested)
+                # Re-encoded only when something went: redaction changes nothing but secrets, so a
+                # text redacted twice, or in parts (``JournalRedactor``), is the same text.
+                return value if clean == nested else json.dumps(clean, ensure_ascii=False, separators=(",", ":"))
         return self.text(value)
 
     def query(self, query: str) -> str:
@@ -425,9 +448,98 @@ class JournalRedactor:
         self.redactor = redactor
 
     def __call__(self, text: str, *, force: bool = False) -> str:
-        """``text`` (a JSON document) with secrets replaced; ``force`` skips the pre-filter (to compare
-        with a journal text that went through it)."""
-        if not force and not self.redactor.may_hold_secret(text):
+        """``text`` (a JSON document, compact as the codec writes it) with secrets replaced; ``force``
+        skips the pre-filter and redacts the whole parsed document (the reference the fast way is
+        held to: both give the same text)."""
+        if force:
+            return self._whole(text)
+        hints = self.redactor._hint_positions(text)
+        if hints is None:  # the user's own patterns: the whole document, when the pre-filter fires
+            return self._whole(text) if self.redactor.may_hold_secret(text) else text
+        if not hints:
             return text
+        return self._in_place(text, hints)
+
+    def _whole(self, text: str) -> str:
         # Plain json, not the codec: tagged values stay tagged and only strings (and keys) are touched.
         return json.dumps(self.redactor.json(json.loads(text)), ensure_ascii=False, separators=(",", ":"))
+
+    def _in_place(self, text: str, hints: list[int]) -> str:
+        """Only the JSON strings the pre-filter found something in are looked at: a value is redacted
+        as text (or as nested JSON), a key is judged as a name and, when sensitive, its whole value
+        is replaced. Nothing else is parsed; the rest of the text is kept as it is.
+
+        Every hint lies inside one string token (no hint pattern spans a quote), and strings are
+        the only tokens that hold quotes, so scanning string tokens from the start is exact."""
+        r = self.redactor
+        out: list[str] = []
+        done = 0  # text[:done] is settled
+        pos = 0
+        h = 0  # hints before it are settled
+        n = len(hints)
+        while h < n:
+            m = _JSON_STRING.search(text, pos)
+            if m is None:
+                break
+            start, end = m.span()
+            while h < n and hints[h] < start:
+                h += 1  # (a hint outside any string: nothing there to redact)
+            if h == n:
+                break
+            if hints[h] >= end:
+                pos = end
+                continue
+            while h < n and hints[h] < end:
+                h += 1
+            value = json.loads(m.group())
+            after = end
+            while after < len(text) and text[after] in " \t\r\n":
+                after += 1
+            if after < len(text) and text[after] == ":":  # a key: judged as a name, redacted as text
+                shown = r.text(value)
+                if shown != value:
+                    out += [text[done:start], json.dumps(shown, ensure_ascii=False)]
+                    done = end
+                pos = end
+                if r.is_sensitive(value):
+                    begin = after + 1
+                    while begin < len(text) and text[begin] in " \t\r\n":
+                        begin += 1
+                    _, stop = _DECODER.raw_decode(text, begin)
+                    out += [text[done:begin], json.dumps(r.replacement, ensure_ascii=False)]
+                    done = pos = stop
+                    while h < n and hints[h] < stop:
+                        h += 1
+                continue
+            clean = r._json_string(value)
+            if clean != value:
+                out += [text[done:start], json.dumps(clean, ensure_ascii=False)]
+                done = end
+            pos = end
+        if not out:
+            return text
+        out.append(text[done:])
+        return "".join(out)
+
+
+def same_request(journaled: Any, request: Any) -> bool:
+    """Whether a journaled request (a durable call's, a cassette's) is ``request``. Journals and
+    cassettes written while redaction re-encoded every JSON nested in a string hold it compacted
+    (``{"a": 1}`` as ``{"a":1}``) even where nothing was redacted: such a request is the same
+    request, not changed code."""
+    return journaled == request or _compact_nested(journaled) == _compact_nested(request)
+
+
+def _compact_nested(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _compact_nested(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_compact_nested(v) for v in value]
+    if isinstance(value, str) and value[:1] in ("{", "[") and len(value) <= _NESTED_JSON_LIMIT:
+        try:
+            nested = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(nested, (dict, list)):
+            return json.dumps(_compact_nested(nested), ensure_ascii=False, separators=(",", ":"))
+    return value

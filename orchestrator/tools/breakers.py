@@ -9,14 +9,24 @@ workers can never both trip the breaker, nor both take a single half-open probe 
 Reads are unconditional, writes happen only when the machine changed something: a closed,
 count-only breaker in front of a healthy tool costs one indexed read per call and no write.
 
-Store calls are synchronous (like the rest of the store); an async caller runs them in a thread.
+Store calls are synchronous (like the rest of the store). An async caller uses ``ahooks``: the
+read runs in a thread, and it is *shared*. On one event loop, the callers asking for a breaker's
+state while a read of it is under way wait for the next read, which all of them then share, so a
+thousand concurrent calls through one healthy breaker cost a few reads, not two thousand thread
+hops. Every caller still decides on a read that began after it asked, as a read of its own would
+have: an open breaker written by another process is honoured exactly as with ``before_call``.
+Only when the machine changes the state (a failure, a probe, a transition) does the caller go the
+compare-and-set way, in a thread, re-reading as a lost race does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
@@ -55,6 +65,10 @@ class StoreBreakers:
     def __init__(self, store: BreakerStore, clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._clock = clock
+        # per event loop, per breaker name: the shared reads of ``ahooks``
+        self._reads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _SharedRead]] = \
+            weakref.WeakKeyDictionary()
+        self._reads_lock = threading.Lock()
 
     def state(self, name: str) -> BreakerState:
         """The breaker's current state as stored (a closed breaker if never written)."""
@@ -116,6 +130,73 @@ class StoreBreakers:
 
         return before, after
 
+    def ahooks(
+        self,
+        configs: BreakerRegistry | Callable[[str], BreakerConfig],
+        on_transition: Callable[[Transition], Any] | None = None,
+        *,
+        max_age: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> tuple[Callable[[str], Awaitable[None]], Callable[[str, bool], Awaitable[None]]]:
+        """``hooks`` for async callers (``AsyncHttpTool(breaker=...)``): the same decisions, never a
+        blocking call on the event loop, and the state reads shared (see the module docstring).
+
+        ``max_age`` (seconds of ``monotonic``): a read that began at most this long before a call
+        asked may decide it, so under load a healthy breaker costs a read per ``max_age``, not one
+        per call. A change made by another process is then honoured within ``max_age``; a change
+        this process makes (a failure, a probe) is always decided on a fresh read. 0: every call
+        waits for a read that began after it asked."""
+        config_for = configs.config_for if isinstance(configs, BreakerRegistry) else configs
+
+        async def state(name: str) -> BreakerState:
+            shared = self._shared(name)
+            known = shared.known(max_age, monotonic)
+            return known if known is not None else await asyncio.shield(shared.request(monotonic))
+
+        def report(transition: Transition | None) -> None:
+            if transition is not None and on_transition is not None:
+                on_transition(transition)
+
+        async def before(name: str) -> None:
+            config = config_for(name)
+            current = await state(config.name)
+            now = self._clock()
+            allowed, new, retry_at, transition = decide(config, current, now)
+            if new == current:  # nothing to write: decided on a read recent enough (see max_age)
+                if not allowed:
+                    raise self._open_error(config, current, now, retry_at)
+                report(transition)
+                return
+            try:
+                report(await asyncio.to_thread(self.before_call, config))  # a change: compare-and-set
+            finally:
+                self._shared(config.name).written(monotonic())
+
+        async def after(name: str, ok: bool) -> None:
+            config = config_for(name)
+            current = await state(config.name)
+            new, transition = record(config, current, self._clock(), ok)
+            if new == current:
+                report(transition)
+                return
+            try:
+                report(await asyncio.to_thread(self.after_call, config, ok))
+            finally:
+                self._shared(config.name).written(monotonic())
+
+        return before, after
+
+    def _shared(self, name: str) -> _SharedRead:
+        loop = asyncio.get_running_loop()
+        with self._reads_lock:
+            reads = self._reads.get(loop)
+            if reads is None:
+                reads = self._reads[loop] = {}
+            shared = reads.get(name)
+            if shared is None:
+                shared = reads[name] = _SharedRead(loop, lambda: self._store.breakers.get(name))
+        return shared
+
     @staticmethod
     def _open_error(config: BreakerConfig, state: BreakerState, now: float, retry_at: float | None) -> CircuitOpenError:
         wait = max(0.0, (retry_at or now) - now)
@@ -132,3 +213,68 @@ class StoreBreakers:
         return OrchestratorError(
             f"circuit breaker {config.name!r}: its state changed under us {_MAX_RACES} times in a row; gave up"
         )
+
+
+class _SharedRead:
+    """One breaker row's reads on one event loop, shared by the callers that ask while one is under way.
+
+    ``request()`` gives a future for the result of a read that *begins after the call*: the read
+    starting now if none is running, else the next one, which begins when the running one ends and
+    serves everybody who asked meanwhile. Used from the loop's thread only.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, read: Callable[[], tuple[str | None, int]]) -> None:
+        self._loop = loop
+        self._read = read
+        self._queued: asyncio.Future[BreakerState] | None = None  # for the next read to begin
+        self._busy = False
+        self._parsed: tuple[str | None, BreakerState] = (None, BreakerState())
+        self._last: tuple[float, BreakerState] | None = None  # when the newest finished read began, its state
+        self._clock: Callable[[], float] = time.monotonic
+        self._written = float("-inf")  # when this process last changed the row
+
+    def written(self, now: float) -> None:
+        """This process changed the row: no read that began before now stands for it any more."""
+        self._written = now
+        self._last = None
+
+    def known(self, max_age: float, monotonic: Callable[[], float]) -> BreakerState | None:
+        """The newest read's state if it began at most ``max_age`` ago, else None."""
+        last = self._last
+        if last is None or max_age <= 0 or monotonic() - last[0] > max_age:
+            return None
+        return last[1]
+
+    def request(self, monotonic: Callable[[], float] = time.monotonic) -> asyncio.Future[BreakerState]:
+        self._clock = monotonic
+        future = self._queued
+        if future is None:
+            future = self._queued = self._loop.create_future()
+        if not self._busy:
+            self._begin()
+        return future
+
+    def _begin(self) -> None:
+        future, self._queued = self._queued, None
+        assert future is not None
+        self._busy = True
+        began = self._clock()
+        reading = self._loop.run_in_executor(None, self._read)
+
+        def done(reading: asyncio.Future[tuple[str | None, int]]) -> None:
+            self._busy = False
+            if not future.done():
+                try:
+                    text, _version = reading.result()
+                    if text != self._parsed[0]:
+                        self._parsed = (text, BreakerState.from_json(text))
+                    if began >= self._written and (self._last is None or began >= self._last[0]):
+                        self._last = (began, self._parsed[1])
+                    future.set_result(self._parsed[1])
+                except BaseException as exc:  # noqa: BLE001 (handed to every waiter)
+                    future.set_exception(exc)
+                    future.exception()  # retrieved: waiters that were cancelled must not log it
+            if self._queued is not None:
+                self._begin()
+
+        reading.add_done_callback(done)

@@ -10,8 +10,10 @@ once (``ssl_context()``) and each ``ToolBox`` (one per Orchestrator) keeps:
   to the loop it first ran on, so every loop gets its own, reused by every run on that loop.
 
 Connections are kept alive between calls and there is no limit on connections (N runs at once
-make N calls at once; a cap would queue them behind each other). An async client's connections
-are kept in small pools (``SHARD`` calls in flight each, more pools as more calls are in flight):
+make N calls at once; a cap would queue them behind each other). An async client sends what it
+can through ``Http11Transport`` (``orchestrator.tools._http11``: HTTP/1.1 on asyncio streams, a
+fraction of httpcore's CPU per request) and the rest (a streamed request body) through httpx's own
+transport, whose connections are kept in small pools (``SHARD`` calls in flight each, more pools as more calls are in flight):
 httpcore's pool does work proportional to the square of its size on every request, which at a
 thousand concurrent calls costs more CPU than the calls themselves. An async client is closed
 when its loop shuts down (``asyncio.run`` and its kin finalise the loop's async generators, and a
@@ -29,6 +31,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+
+from orchestrator.tools._http11 import Http11Transport
 
 __all__ = ["LoopClients", "ShardedTransport", "client_options", "ssl_context"]
 
@@ -70,7 +74,9 @@ class LoopClients:
             if client is not None and not client.is_closed:
                 return client
             options = client_options(self._timeout)
-            client = httpx.AsyncClient(timeout=options["timeout"], transport=ShardedTransport(verify=options["verify"]))
+            transport = Http11Transport(verify=options["verify"], fallback=ShardedTransport(verify=options["verify"]),
+                                        keepalive_expiry=LIMITS.keepalive_expiry or 30.0)
+            client = httpx.AsyncClient(timeout=options["timeout"], transport=transport)
             self._clients[loop] = client
             # Started on this loop, the generator waits at its first yield until the loop's
             # shutdown_asyncgens() finalises it, which closes the client while the loop still runs.

@@ -313,7 +313,10 @@ class HttpTool(HttpVerbs, _Base):
             raise
         else:
             error = self._error_for_response(response, request, name)
-        record = self._record(request, name, key, attempt, started, response, error, sent=True)
+        # Without a journal (a model client's own requests) no record is made: redacting both bodies
+        # and both header sets would be most of the tool's work, thrown away.
+        record = self._record(request, name, key, attempt, started, response, error, sent=True) \
+            if self._journal is not None else None
         try:
             if self._breaker is not None:
                 self._breaker[1](name, not isinstance(error, RetryableToolError))
@@ -324,8 +327,8 @@ class HttpTool(HttpVerbs, _Base):
         assert response is not None
         return response
 
-    def _emit(self, record: dict[str, Any]) -> None:
-        if self._journal is not None:
+    def _emit(self, record: dict[str, Any] | None) -> None:
+        if self._journal is not None and record is not None:
             self._journal(record)
 
     def close(self) -> None:
@@ -387,7 +390,8 @@ class AsyncHttpTool(HttpVerbs, _Base):
             raise
         else:
             error = self._error_for_response(response, request, name)
-        record = self._record(request, name, key, attempt, started, response, error, sent=True)
+        record = self._record(request, name, key, attempt, started, response, error, sent=True) \
+            if self._journal is not None else None  # (see HttpTool._send)
         try:
             if self._breaker is not None:
                 await _maybe_await(self._breaker[1](name, not isinstance(error, RetryableToolError)))
@@ -398,8 +402,8 @@ class AsyncHttpTool(HttpVerbs, _Base):
         assert response is not None
         return response
 
-    async def _emit(self, record: dict[str, Any]) -> None:
-        if self._journal is not None:
+    async def _emit(self, record: dict[str, Any] | None) -> None:
+        if self._journal is not None and record is not None:
             await _maybe_await(self._journal(record))
 
     async def aclose(self) -> None:

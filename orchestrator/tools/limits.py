@@ -10,6 +10,7 @@ process that dies frees its slots within ``slot_ttl``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 import threading
@@ -171,7 +172,9 @@ class CallLimits:
 
         if is_async:
             async def abefore(name: str) -> None:
-                before(name)
+                admitted = before(name)
+                if inspect.isawaitable(admitted):  # async breaker hooks (StoreBreakers.ahooks)
+                    await admitted
                 if name in self.limits:
                     held.setdefault(name, []).append(await self.aacquire(name))
 

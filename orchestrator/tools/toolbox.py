@@ -144,7 +144,9 @@ class StepTools:
 
     def _options(self, is_async: bool) -> dict[str, Any]:
         box = self.box
-        hooks = self.breaker_hooks()
+        # ctx.ahttp: breaker reads off the event loop, shared by the requests in flight
+        hooks = box.breakers.ahooks(box.breaker_settings, self.transitions.append) if is_async \
+            else self.breaker_hooks()
         if box.call_limits is not None:  # hold one of the tool's slots from before the call to after it
             hooks = box.call_limits.wrap(hooks, is_async=is_async)
         return {

@@ -137,3 +137,17 @@ def test_a_cassette_file_of_another_version_or_kind_is_refused(tmp_path):
         Cassette.load(tmp_path / "v9.json")
     with pytest.raises(ReplayError, match="not an agentsaga cassette"):
         Cassette.load(tmp_path / "other.json")
+
+
+def test_a_cassette_recorded_with_compacted_nested_json_replays_the_same_request():
+    # Given a cassette whose request holds a tool call's arguments compacted (as older journals do)
+    recorded = {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": '{"city":"Paris"}'}}]}]}
+    cassette = Cassette([{"step": "s", "visit": 1, "index": 0, "kind": "llm", "request": recorded,
+                          "response": {"text": "sunny"}}])
+    # When the code makes the same call with the arguments as the model wrote them
+    spaced = {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": '{"city": "Paris"}'}}]}]}
+    # Then it is the recorded call; a call with other arguments still is not
+    assert cassette.lookup("s", 1, 0, "llm", spaced) == {"text": "sunny"}
+    other = {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": '{"city": "Rome"}'}}]}]}
+    with pytest.raises(ReplayError):
+        cassette.lookup("s", 1, 0, "llm", other)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -310,3 +311,65 @@ def test_current_step_names_the_running_step_wherever_its_function_runs(sqlite_u
     assert result.status == "compensated"
     assert seen == {"async": True, "sync": True, "thread": True, "compensation": None}
     assert current_step() is None
+
+
+def test_a_calls_usage_block_is_journaled_unchanged_and_a_nested_secret_is_not(db_url):
+    # Given a step whose durable call answers with a usage block and a secret nested in its body
+    response = {"usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+                "body": {"choices": [{"message": {"content": "ok", "tool_calls": [{"function": {
+                    "name": "lookup", "arguments": '{"city": "Paris", "password": "hunter2-nested"}'}}]}}],
+                         "account": {"owner": "ann", "settings": {"refresh_token": "rt-nested-secret"}}}}
+    wf = Workflow("usage")
+
+    @wf.step(name="ask", start=True)
+    async def ask(ctx, state):
+        got = await ctx.adurable_call("llm", {"messages": ["hi"], "params": {"max_tokens": 64}},
+                                      lambda: dict(response))
+        return {"usage": got["usage"], "owner": got["body"]["account"]["owner"]}
+
+    wf.edge("ask", END)
+    # When it runs
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {}, run_id="u1")
+        [call] = [e["data"] for e in orc.history("u1") if e["kind"] == "CallCompleted"]
+    # Then the usage block and the request's max_tokens are journaled as they were
+    assert result.status == "completed"
+    assert call["response"]["usage"] == response["usage"] == result.state["usage"]
+    assert call["request"] == {"messages": ["hi"], "params": {"max_tokens": 64}}
+    # And the nested secrets are not: a field at depth, and a field inside a tool call's JSON arguments
+    body = call["response"]["body"]
+    assert body["account"] == {"owner": "ann", "settings": {"refresh_token": "[REDACTED]"}}
+    arguments = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(arguments) == {"city": "Paris", "password": "[REDACTED]"}
+
+
+def test_a_request_journaled_with_its_nested_json_compacted_is_the_same_request(db_url):
+    # Given a call journaled the way earlier versions wrote it: JSON nested in a string, compacted
+    paid: list = []
+
+    def asking(arguments: str, stop: bool) -> Workflow:
+        wf = Workflow("nested")
+
+        @wf.step(name="think", start=True)
+        def think(ctx, state):
+            def perform():
+                paid.append(arguments)
+                return {"text": "sunny"}
+
+            messages = [{"role": "assistant", "tool_calls": [{"function": {"arguments": arguments}}]}]
+            reply = ctx.durable_call("llm", {"messages": messages}, perform)
+            if stop:
+                raise Stop
+            return {"reply": reply["text"]}
+
+        wf.edge("think", END)
+        return wf
+
+    with Orchestrator(db_url, workflows=[asking('{"city":"Paris"}', stop=True)]) as orc, pytest.raises(Stop):
+        orc.run(orc.workflows.get("nested"), {}, run_id="n1")
+    # When the step runs again with the same arguments as the model wrote them (spaced)
+    with Orchestrator(db_url, workflows=[asking('{"city": "Paris"}', stop=False)]) as orc:
+        result = orc.resume("n1")
+    # Then it is the journaled call, not a changed one: answered from the journal, paid once
+    assert result.status == "completed" and result.state == {"reply": "sunny"}
+    assert paid == ['{"city":"Paris"}']

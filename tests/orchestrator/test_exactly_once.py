@@ -418,6 +418,37 @@ def test_an_owner_whose_lease_was_taken_over_makes_no_further_outgoing_call(orc_
     assert performed == ["flight"]
 
 
+def test_an_async_owner_whose_lease_was_taken_over_makes_no_further_outgoing_call(orc_factory):
+    # The same with async durable calls, whose guard is asked off the event loop
+    wf = Workflow("two-async-calls")
+    performed = []
+    holder = {}
+
+    async def perform(what: str, answer: str) -> str:
+        performed.append(what)
+        return answer
+
+    @wf.step(start=True, effect=True)
+    async def book(ctx, state):
+        flight = await ctx.adurable_call("booking", {"what": "flight"}, lambda: perform("flight", "F-1"))
+        thief = holder["thief"]
+        thief.store.leases.acquire(ctx.run_id, owner="thief", ttl=30, now=thief.engine.config.clock(), force=True)
+        hotel = await ctx.adurable_call("booking", {"what": "hotel"}, lambda: perform("hotel", "H-1"))
+        return {"flight": flight, "hotel": hotel}
+
+    wf.edge("book", END)
+    orc = orc_factory(wf)
+    holder["thief"] = orc_factory(wf)
+    from orchestrator import FencedError
+
+    with pytest.raises(FencedError):
+        orc.run(wf, {}, run_id="f2")
+    # Then the hotel request never left this process, and only the flight was journaled
+    assert performed == ["flight"]
+    calls = [e["data"]["request"] for e in orc.history("f2") if e["kind"] == "CallCompleted"]
+    assert calls == [{"what": "flight"}]
+
+
 # -- case 6: a signal is never lost --------------------------------------------------------------------------
 def test_a_signal_sent_between_the_steps_look_and_the_park_wakes_the_run(orc_factory):
     # Given a step waiting for approval, and the approval sent just after the step looked for it

@@ -226,3 +226,49 @@ def test_a_secret_used_as_an_object_key_goes_too():
     key = KEYS["github"]
     out = JournalRedactor(plain)(json.dumps({key: 1, "n": 2}))
     assert key not in out and json.loads(out) == {REDACTED: 1, "n": 2}
+
+
+# -- redaction in place: only the strings the pre-filter points at are touched ------------------------
+_NESTED = st.sampled_from(['{"a": 1, "password": "x"}', '{"city": "Paris", "n": [1, 2]}', '[{"api_key": "k"}, 3]',
+                           '{"usage": {"total_tokens": 7}}', '{ "note" : "Bearer abcdefghijkl" }', "[1, 2,  3]"])
+_IN_PLACE_NAMES = st.sampled_from(["token", "total_tokens", "max_tokens", "password", "client_secret", "note",
+                                   "Authorization", "args", "usage", "accessToken", "apiKey", "ssn", "x-api-key"])
+_IN_PLACE_EVENTS = st.recursive(
+    _VALUES | _NESTED | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.none(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_IN_PLACE_NAMES | st.text(max_size=6), inner,
+                                                               max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_IN_PLACE_EVENTS)
+def test_redacting_in_place_gives_the_same_text_as_redacting_the_parsed_event(event):
+    # An event as the codec writes it, redacted in place (no user patterns: the pre-filter points at
+    # strings), must be exactly what the whole-document pass makes of it
+    for journal in (JournalRedactor(plain), JournalRedactor(Redactor(fields=["ssn"]))):
+        text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+        assert journal(text) == journal(text, force=True)
+        assert json.loads(journal(text)) == journal.redactor.json(event)
+
+
+def test_a_usage_block_stays_as_it_is_and_only_the_nested_secret_goes():
+    # Given a model call's event: a usage block full of "token" names, nested JSON with a key in it
+    event = {"kind": "llm", "request": {"model": "m", "params": {"max_tokens": 64}},
+             "response": {"usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+                          "body": {"choices": [{"message": {"tool_calls": [{"function": {
+                              "arguments": '{"city": "Paris", "api_key": "k-123456"}'}}]}}]},
+                          "meta": {"deep": {"client_secret": {"v": "s3cr3t-v"}}, "note": '{"x": 1}'}}}
+    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    out = JournalRedactor(plain)(text)
+    data = json.loads(out)
+    # Then the usage block and the untouched nested JSON are byte for byte what they were
+    assert data["response"]["usage"] == event["response"]["usage"]
+    assert data["request"] == event["request"] and data["response"]["meta"]["note"] == '{"x": 1}'
+    # And the secrets went: a field at depth, and a key inside a tool call's JSON arguments
+    assert data["response"]["meta"]["deep"]["client_secret"] == REDACTED
+    assert json.loads(data["response"]["body"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) \
+        == {"city": "Paris", "api_key": REDACTED}
+    assert "s3cr3t-v" not in out and "k-123456" not in out
+    # And an event that holds no secret costs the pre-filter only: the same text comes back
+    usage_only = json.dumps({"usage": event["response"]["usage"], "params": {"max_tokens": 64}})
+    assert not plain.may_hold_secret(usage_only)

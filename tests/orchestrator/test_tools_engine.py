@@ -165,3 +165,53 @@ def test_http_responses_replay_from_a_cassette_with_no_server(db_url, tmp_path):
     with Orchestrator(f"sqlite:///{tmp_path}/replay2.db", workflows=[oslo], replay=cassette) as orc:
         bad = orc.run(oslo, {"api": api}, run_id="rep2")
     assert bad.status == "failed" and "Oslo" in bad.error and "Rome" in bad.error
+
+
+def test_ctx_ahttp_trips_the_shared_breaker_and_then_fails_fast_without_a_request(db_url):
+    # Given a server that answers 503, and an async step calling it through ctx.ahttp
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hits = []
+
+    class Down(BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Down)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    registry = BreakerRegistry()
+    registry.declare(BreakerConfig(name=host, failure_threshold=2, reset_timeout=60))
+    wf = Workflow("ahttp-breaker")
+
+    @wf.step(start=True, on_failure="fallback")
+    async def fetch(ctx, state):
+        await ctx.ahttp.get(f"http://{host}/status")
+        return {"source": "live"}
+
+    @wf.step()
+    def fallback(ctx, state):
+        return {"source": "fallback", "why": ctx.failure["type"]}
+
+    wf.edge("fetch", END)
+    wf.edge("fallback", END)
+    try:
+        with Orchestrator(db_url, workflows=[wf], breakers=registry, clock=lambda: 1_000.0) as orc:
+            # When three runs call it, one after the other
+            results = [orc.run(wf, {}, run_id=f"a{i}") for i in range(3)]
+            failed = [e["data"] for e in orc.history("a1") if e["kind"] == "StepFailed"]
+    finally:
+        server.shutdown()
+    # Then two requests reached the server; the second tripped the breaker (journaled), and the
+    # third run failed fast without a request
+    assert len(hits) == 2
+    assert [r.state["why"] for r in results] == ["orchestrator.errors.RetryableToolError"] * 2 + [
+        "orchestrator.errors.CircuitOpenError"]
+    assert [(t["from"], t["to"]) for t in failed[0]["breakers"]] == [("closed", "open")]
