@@ -48,9 +48,11 @@ and redacted by field too. Bodies are redacted *before* they are truncated for t
 truncating first could cut a secret short of its pattern and let its prefix through.
 
 **The pre-filter.** Every event passes here, so ``JournalRedactor`` first asks two cheap regexes
-(``Redactor.may_hold_secret``) whether the text could hold a secret at all, and only such a text
-pays for a full parse and redaction; inside that pass each string is asked again, so only the
-strings that may hold one are scanned by every rule. The pre-filter is a superset of the rules
+(``Redactor.may_hold_secret``) whether the text could hold a secret at all. A text it flags is
+not parsed whole: the JSON strings the hints point at are redacted where they stand
+(``JournalRedactor._in_place``; a sensitive key's whole value is replaced) and the rest of the text
+is kept as it is. With a user's own patterns (which may match across strings) a flagged text is
+parsed and redacted whole; a property test holds the in-place path to give exactly that text. The pre-filter is a superset of the rules
 above built from the same word lists (a property test holds it to that), and it does not fire on
 ordinary words: ``"token_count"``, ``"max_tokens"`` or a trace saying "token" cost nothing extra.
 A custom pattern is searched as given.

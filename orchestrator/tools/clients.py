@@ -10,10 +10,8 @@ once (``ssl_context()``) and each ``ToolBox`` (one per Orchestrator) keeps:
   to the loop it first ran on, so every loop gets its own, reused by every run on that loop.
 
 Connections are kept alive between calls and there is no limit on connections (N runs at once
-make N calls at once; a cap would queue them behind each other). An async client sends what it
-can through ``Http11Transport`` (``orchestrator.tools._http11``: HTTP/1.1 on asyncio streams, a
-fraction of httpcore's CPU per request) and the rest (a streamed request body) through httpx's own
-transport, whose connections are kept in small pools (``SHARD`` calls in flight each, more pools as more calls are in flight):
+make N calls at once; a cap would queue them behind each other). An async client's connections
+are kept in small pools (``SHARD`` calls in flight each, more pools as more calls are in flight):
 httpcore's pool does work proportional to the square of its size on every request, which at a
 thousand concurrent calls costs more CPU than the calls themselves. An async client is closed
 when its loop shuts down (``asyncio.run`` and its kin finalise the loop's async generators, and a
@@ -28,13 +26,12 @@ import ssl
 import threading
 import weakref
 from collections.abc import AsyncIterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
 
-from orchestrator.tools._http11 import Http11Transport
-
-__all__ = ["LoopClients", "ShardedTransport", "client_options", "ssl_context"]
+__all__ = ["LoopClients", "ShardedTransport", "client_options", "no_cookies", "ssl_context"]
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 #: no cap on connections (concurrent calls are the point); idle ones are dropped after keepalive_expiry
@@ -47,9 +44,17 @@ def ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def no_cookies() -> CookieJar:
+    """A cookie jar that keeps nothing. A shared client serves every run (and every tool) of the
+    process: a cookie one run's call received must not be sent with another run's calls. A step that
+    needs a cookie sends it itself (``headers={"Cookie": ...}``) and its call journals it (redacted)."""
+    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+
+
 def client_options(timeout: Any = DEFAULT_TIMEOUT) -> dict[str, Any]:
-    """What every shared client is built with: the shared SSL context, keep-alive, no pool cap."""
-    return {"timeout": timeout, "verify": ssl_context(), "limits": LIMITS}
+    """What every shared client is built with: the shared SSL context, keep-alive, no pool cap, and
+    no cookie jar shared between runs."""
+    return {"timeout": timeout, "verify": ssl_context(), "limits": LIMITS, "cookies": no_cookies()}
 
 
 class LoopClients:
@@ -74,9 +79,8 @@ class LoopClients:
             if client is not None and not client.is_closed:
                 return client
             options = client_options(self._timeout)
-            transport = Http11Transport(verify=options["verify"], fallback=ShardedTransport(verify=options["verify"]),
-                                        keepalive_expiry=LIMITS.keepalive_expiry or 30.0)
-            client = httpx.AsyncClient(timeout=options["timeout"], transport=transport)
+            client = httpx.AsyncClient(timeout=options["timeout"], cookies=options["cookies"],
+                                       transport=ShardedTransport(verify=options["verify"]))
             self._clients[loop] = client
             # Started on this loop, the generator waits at its first yield until the loop's
             # shutdown_asyncgens() finalises it, which closes the client while the loop still runs.
