@@ -245,12 +245,16 @@ class Engine:
             token = self.store.leases.acquire(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                               force=force, status="running")
         except LeaseHeldError as held:
-            if not owner_is_dead(held.owner):
+            # This very Orchestrator holds the lease but drives nothing under it: a create (or a
+            # release) whose reply was lost left it behind. Nobody else can be using it.
+            orphaned = held.owner == cfg.owner and not self.heartbeat.holds(run_id)
+            if not orphaned and not owner_is_dead(held.owner):
                 raise LeaseHeldError(_held_message(run_id, held, cfg.clock()), run_id=run_id, owner=held.owner,
                                      expires_at=held.expires_at) from None
-            # Its owner was a process on this machine that no longer exists (it was killed): running
-            # the same program again is the natural recovery, so take the run over now.
-            _log.info("run %s: its owner %s is gone (no such process); taking it over", run_id, held.owner)
+            # Its owner was a process on this machine that no longer exists (it was killed), or is
+            # this one and drives nothing: running the same program again is the natural recovery,
+            # so take the run over now.
+            _log.info("run %s: its owner %s is gone or idle; taking it over", run_id, held.owner)
             token = self.store.leases.acquire(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                               force=True, status="running")
         return await self.drive_claimed(run_id, token, workflow=wf)

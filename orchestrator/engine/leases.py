@@ -49,6 +49,11 @@ class Heartbeat:
             self._held.pop(run_id, None)
             self._lost.discard(run_id)
 
+    def holds(self, run_id: str) -> bool:
+        """Whether this process is driving the run now (its lease is being renewed here)."""
+        with self._lock:
+            return run_id in self._held
+
     def lost(self, run_id: str) -> bool:
         return run_id in self._lost
 

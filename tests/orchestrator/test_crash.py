@@ -180,3 +180,33 @@ def test_a_run_held_by_a_live_process_is_not_taken_and_the_error_says_what_to_do
     # Then it is refused, naming the owner, a readable time and the way to take it over
     message = str(raised.value)
     assert live_owner in message and "UTC" in message and "agentsaga resume held" in message
+
+
+def test_running_again_after_a_create_whose_reply_was_lost_continues_the_run(db_url):
+    # Given a run whose creation was committed but whose reply never came back to this process
+    from store import StoreUnavailableError
+    from workflows import END, Workflow
+
+    wf = Workflow("lost-create")
+
+    @wf.step(start=True)
+    def only(ctx, state):
+        return {"ok": True}
+
+    wf.edge("only", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        real = orc.store.create_run
+
+        def create_then_lose_the_reply(*args, **kwargs):
+            real(*args, **kwargs)
+            raise StoreUnavailableError("the connection dropped before the commit's reply arrived")
+
+        orc.store.create_run = create_then_lose_the_reply
+        with pytest.raises(StoreUnavailableError):
+            orc.run(wf, {}, run_id="lost")
+        orc.store.create_run = real
+        # When the same program runs it again in the same process (it holds the lease, drives nothing)
+        result = orc.run(wf, {}, run_id="lost")
+        # Then the run is taken over at once and completes, its step run once
+        assert (result.status, result.state) == ("completed", {"ok": True})
+        assert [e["kind"] for e in orc.history("lost")].count("StepCompleted") == 1
