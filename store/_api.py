@@ -79,6 +79,15 @@ _INSERT_RUN = (
     " priority, dedup_key, finished_at, error, recoveries)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
 )
+# Many runs in one statement (group create): the rows are `_INSERT_RUN_ROW` repeated; a row whose id
+# or dedup key is taken is skipped, not an error, and its absence from the answer says so.
+_INSERT_RUN_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+_INSERT_RUNS = (
+    "INSERT INTO agentsaga_runs (run_id, workflow, version, fingerprint, target, status,"
+    " created_at, updated_at, parent_run_id, lease_owner, lease_token, lease_expires_at, queue,"
+    " priority, dedup_key, finished_at, error, recoveries)"
+    " VALUES {rows} ON CONFLICT DO NOTHING RETURNING run_id, pk"
+)
 # Postgres: the run and its first event in one statement (a data-modifying WITH), so one round trip
 # in autocommit instead of BEGIN, INSERT, INSERT, COMMIT. A statement is its own transaction.
 _CREATE_RUN_ONE = (
@@ -177,16 +186,11 @@ class Store:
         return the lease token (1 when created leased by `lease_owner`, else 0).
 
         `finished_at` and `error` bring in a run that has already ended elsewhere (a restore)."""
-        if lease_owner is not None and lease_ttl is None:
-            raise ValueError("create_run: lease_owner needs lease_ttl")
-        events = list(events)
-        check_batch(run_id, events)
-        if snapshot is not None and snapshot.seq not in {e.seq for e in events}:
-            raise ValueError(f"create_run: the snapshot's seq {snapshot.seq} is not one of the events'")
-        token = 1 if lease_owner is not None else 0
-        expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
-        row = (run_id, workflow, version, fingerprint, target, status, created_at, finished_at or created_at,
-               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key, finished_at, error)
+        row, events, snapshot, token = self._create_plan(
+            run_id=run_id, workflow=workflow, version=version, fingerprint=fingerprint, target=target,
+            created_at=created_at, events=events, status=status, lease_owner=lease_owner, lease_ttl=lease_ttl,
+            parent_run_id=parent_run_id, queue=queue, priority=priority, dedup_key=dedup_key,
+            snapshot=snapshot, finished_at=finished_at, error=error)
         d = self._d
         journal = self._journal
 
@@ -213,8 +217,72 @@ class Store:
 
         return self._b.run("create_run", work)
 
+    def create_runs(self, creates: Sequence[dict[str, Any]]) -> list[int | DuplicateRunError]:
+        """Group create: several runs (each a dict of `create_run`'s arguments), with their first
+        events and snapshots, in one transaction and one flush. Each gets its own verdict, in
+        order: its lease token, or the `DuplicateRunError` `create_run` would have raised (its id
+        or dedup key is taken, in the database or by an earlier item); the others are created.
+        Arguments that `create_run` refuses raise before anything is written; the database being
+        away raises, as `create_run` does."""
+        plans = [self._create_plan(**c) for c in creates]
+        if not plans:
+            return []
+        d = self._d
+        width = _INSERT_RUN_ROW.count("?")
+        per = max(1, d.max_params // width)
+
+        def work(conn: Any) -> list[int | DuplicateRunError]:
+            taken: list[int] = []
+            with d.pipeline(conn), d.transaction(conn):
+                pks: dict[str, int] = {}
+                for chunk in iter_chunks(plans, per):
+                    sql = _INSERT_RUNS.format(rows=", ".join([_INSERT_RUN_ROW] * len(chunk)))
+                    params = [v for plan in chunk for v in plan[0]]
+                    pks.update(d.fetchall(conn, sql, params))
+                events: list[tuple[Any, ...]] = []
+                for i, (row, evs, snapshot, _token) in enumerate(plans):
+                    pk = pks.pop(row[0], None)  # popped: a second item with this id is a duplicate
+                    if pk is None:
+                        taken.append(i)
+                        continue
+                    events += [event_row(pk, e) for e in evs]
+                    if snapshot is not None:
+                        self._journal.insert_snapshot(conn, pk, snapshot)
+                if events:
+                    d.executemany(conn, INSERT_EVENT, events)
+            results: list[int | DuplicateRunError] = [plan[3] for plan in plans]
+            for i in taken:  # named after the commit, as create_run names its duplicate
+                row = plans[i][0]
+                try:
+                    self._raise_duplicate(conn, row[0], row[14], None)
+                except DuplicateRunError as dup:
+                    results[i] = dup
+            return results
+
+        return self._b.run("create_runs", work)
+
+    def _create_plan(
+        self, *, run_id: str, workflow: str, version: str, fingerprint: str, target: str, created_at: float,
+        events: Sequence[NewEvent], status: str = "pending", lease_owner: str | None = None,
+        lease_ttl: float | None = None, parent_run_id: str | None = None, queue: str | None = None,
+        priority: int = 0, dedup_key: str | None = None, snapshot: NewSnapshot | None = None,
+        finished_at: float | None = None, error: str | None = None,
+    ) -> tuple[tuple[Any, ...], list[NewEvent], NewSnapshot | None, int]:
+        """`create_run`'s checks, and what it writes: (run row, events, snapshot, token)."""
+        if lease_owner is not None and lease_ttl is None:
+            raise ValueError("create_run: lease_owner needs lease_ttl")
+        events = list(events)
+        check_batch(run_id, events)
+        if snapshot is not None and snapshot.seq not in {e.seq for e in events}:
+            raise ValueError(f"create_run: the snapshot's seq {snapshot.seq} is not one of the events'")
+        token = 1 if lease_owner is not None else 0
+        expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
+        row = (run_id, workflow, version, fingerprint, target, status, created_at, finished_at or created_at,
+               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key, finished_at, error)
+        return row, events, snapshot, token
+
     def _raise_duplicate(
-        self, conn: Any, run_id: str, dedup_key: str | None, exc: BaseException
+        self, conn: Any, run_id: str, dedup_key: str | None, exc: BaseException | None
     ) -> None:
         d = self._d
         if d.fetchone(conn, "SELECT pk FROM agentsaga_runs WHERE run_id = ?", (run_id,)):

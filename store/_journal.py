@@ -52,13 +52,6 @@ class GroupConflict(Exception):
     """Internal: a duplicate key inside a group commit (rolled back); the caller goes item by item."""
 
 
-class _UniqueViolation(Exception):
-    """Internal: a duplicate key in `table`; turned into ConflictError after the rollback."""
-
-    def __init__(self, table: str):
-        self.table = table
-
-
 def check_batch(run_id: str, events: Sequence[NewEvent]) -> None:
     """`ConflictError` if one batch names the same seq twice (before touching the database)."""
     seen: set[int] = set()
@@ -119,7 +112,9 @@ class Journal:
         fence_sql = "SELECT pk, lease_token FROM agentsaga_runs WHERE run_id = ?"
         fence_sql += d.lock_update if changes_run else d.lock_share
         try:
-            with d.transaction(conn):
+            # Pipelined where the driver can: the fence read is one round trip, and every write
+            # after it goes out with the COMMIT (Postgres: two round trips in all, not one each).
+            with d.pipeline(conn), d.transaction(conn):
                 row = d.fetchone(conn, fence_sql, (run_id,))
                 if row is None:
                     raise RunNotFoundError(f"no run {run_id!r} in {self._d.url}", run_id=run_id)
@@ -127,15 +122,15 @@ class Journal:
                 if current != token:
                     raise self._fence.fenced_error(run_id, token, current)
                 if events:
-                    rows = [event_row(pk, e) for e in events]
-                    self._insert(conn, "events", d.executemany, INSERT_EVENT, rows)
+                    d.executemany(conn, INSERT_EVENT, [event_row(pk, e) for e in events])
                 self._write_run(conn, pk, run_id, now, status, error, finished, snapshot, keep, release,
                                 consume, workflow_version)
-        except _UniqueViolation as violation:
+        except d.driver_errors as exc:
+            if d.classify(exc, conn) is not ErrorKind.UNIQUE:
+                raise
             # Named only now, after the rollback: Postgres answers no query inside an aborted
             # transaction.
-            if violation.table == "snapshots":
-                assert snapshot is not None
+            if d.unique_table(exc) == "snapshots" and snapshot is not None:
                 raise ConflictError(
                     f"run {run_id!r} already has a snapshot at seq {snapshot.seq}",
                     run_id=run_id, seq=snapshot.seq,
@@ -176,7 +171,7 @@ class Journal:
                 params += list(workflow_version)
             d.execute(conn, f"UPDATE agentsaga_runs SET {', '.join(sets)} WHERE pk = ?", (*params, pk))
         if snapshot is not None:
-            self._insert(conn, "snapshots", d.execute, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
+            d.execute(conn, _INSERT_SNAPSHOT, snapshot_row(pk, snapshot))
             if keep is not None:
                 d.execute(conn, PRUNE_SNAPSHOTS, (pk, pk, keep))
 
@@ -191,7 +186,9 @@ class Journal:
         results: list[BaseException | None] = [None] * len(items)
         run_ids = sorted({item["run_id"] for item in items})
         try:
-            with d.transaction(conn):
+            # Pipelined where the driver can (see `append_tx`): the fence read, then every item's
+            # writes and the COMMIT together, however many runs the group holds.
+            with d.pipeline(conn), d.transaction(conn):
                 fence: dict[str, tuple[int, int]] = {}
                 for chunk in iter_chunks(run_ids, CHUNK):
                     sql = (f"SELECT run_id, pk, lease_token FROM agentsaga_runs WHERE run_id IN ({marks(len(chunk))})"
@@ -219,9 +216,11 @@ class Journal:
                                     bool(item.get("release_lease")), item.get("consume_signals") or (),
                                     item.get("workflow_version"))
                 if rows:
-                    self._insert(conn, "events", d.executemany, INSERT_EVENT, rows)
-        except _UniqueViolation:
-            raise GroupConflict from None
+                    d.executemany(conn, INSERT_EVENT, rows)
+        except d.driver_errors as exc:
+            if d.classify(exc, conn) is ErrorKind.UNIQUE:
+                raise GroupConflict from None
+            raise
         return results
 
     def already_journaled(self, conn: Any, run_id: str, events: Sequence[NewEvent]) -> bool:
@@ -233,15 +232,6 @@ class Journal:
             and (r.kind, r.data, r.at) == (e.kind, e.data, e.at)
             for e in events
         )
-
-    def _insert(self, conn: Any, table: str, call: Any, sql: str, params: Any) -> None:
-        d = self._d
-        try:
-            call(conn, sql, params)
-        except d.driver_errors as exc:
-            if d.classify(exc, conn) is ErrorKind.UNIQUE:
-                raise _UniqueViolation(table) from exc
-            raise
 
     def _existing_seqs(self, conn: Any, run_id: str, seqs: list[int]) -> list[int]:
         found: list[int] = []

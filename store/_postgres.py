@@ -60,6 +60,7 @@ class PostgresDialect(Dialect):
     lock_update = " FOR NO KEY UPDATE"
     claim_lock = " FOR UPDATE SKIP LOCKED"
     table_exists_sql = "SELECT 1 WHERE to_regclass(?) IS NOT NULL"
+    max_params = 32767
 
     def __init__(self, url: str, parsed: URL, *, retry_for: float):
         if parsed.port is not None and not 1 <= parsed.port <= 65535:
@@ -86,6 +87,18 @@ class PostgresDialect(Dialect):
         # In autocommit mode psycopg's transaction block sends BEGIN, then COMMIT, or ROLLBACK
         # when the block raises.
         return conn.transaction()
+
+    def pipeline(self, conn: psycopg.Connection):
+        # psycopg's pipeline mode: statements are queued and sent together; reading a result (or
+        # leaving the block) is one round trip for everything queued before it.
+        return conn.pipeline()
+
+    def unique_table(self, exc: BaseException) -> str:
+        diag = getattr(exc, "diag", None)
+        table = getattr(diag, "table_name", None) or ""
+        if table.startswith("agentsaga_"):
+            return table[len("agentsaga_"):]
+        return super().unique_table(exc)
 
     def info(self, conn: psycopg.Connection) -> dict[str, Any]:
         schema = conn.execute("SELECT current_schema()").fetchall()[0][0]
