@@ -432,7 +432,7 @@ class Store:
         journal = self._journal
         try:
             results = self._b.run("append_many", lambda conn: journal.append_group(conn, items), on_disconnect=lost)
-        except GroupConflict:
+        except (GroupConflict, ConflictError):  # a duplicate key, or signals one item may not consume
             results = None
         if results is None:
             # One by one, each with its own verdict: a duplicate key in the group, or a session lost

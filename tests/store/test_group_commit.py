@@ -120,3 +120,66 @@ def test_a_run_created_with_one_event_and_a_snapshot_keeps_its_snapshot(store):
     # Then the snapshot is written with the run (the one-statement create is for a run without one)
     assert [(s.seq, s.trigger, s.workflow) for s in store.snapshot_catalog("a")] == [(1, "restore", "wf")]
     assert seqs(store, "a") == [1]
+
+
+def test_an_item_whose_signals_are_not_pending_fails_alone(store):
+    # Given two leased runs, a's signal already consumed
+    for run_id in ("a", "b"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    signal = store.signals.send("a", "approval", '{"ok": true}', now=T0 + 1)
+    store.append("a", [ev(2)], token=1, now=T0 + 2, consume_signals=[signal])
+    # When a group holds an append consuming it again, and b's append
+    results = store.append_many([item("a", 3, consume_signals=[signal]), item("b", 2)])
+    # Then only a's append is refused; b's is journaled
+    assert isinstance(results[0], ConflictError) and results[1] is None
+    assert seqs(store, "a") == [1, 2] and seqs(store, "b") == [1, 2]
+
+
+# -- create_runs --------------------------------------------------------------------------------
+
+
+def create(run_id: str, *seqs: int, owner: str | None = "w1", **extra):
+    return {"run_id": run_id, "workflow": "wf", "version": "1", "fingerprint": "fp", "target": "",
+            "created_at": T0, "events": [ev(s, kind="RunStarted") for s in seqs or (1,)],
+            "lease_owner": owner, "lease_ttl": 30.0 if owner else None, **extra}
+
+
+def test_runs_created_together_each_get_their_token_or_their_duplicate(store):
+    # Given a run "old" and a run holding dedup key "k"
+    new_run(store, "old")
+    new_run(store, "keyed", dedup_key="k")
+    snap = NewSnapshot(seq=2, state='{"s": 2}', sha256="h2", trigger="final", created_at=T0)
+    # When five creations arrive together: a new leased run with two events and a snapshot, a new
+    # unleased run, the existing id, the taken dedup key, and a second creation of the first new id
+    results = store.create_runs([
+        create("n1", 1, 2, snapshot=snap), create("n2", owner=None, status="pending"), create("old"),
+        create("n3", dedup_key="k"), create("n1")])
+    # Then the new runs get their tokens, and each duplicate its own error naming the existing run
+    assert results[:2] == [1, 0]
+    assert [type(r).__name__ for r in results[2:]] == ["DuplicateRunError"] * 3
+    assert [r.existing_run_id for r in results[2:]] == ["old", "keyed", "n1"]
+    # And each created run has exactly its own events, row and snapshot; nothing else was written
+    assert seqs(store, "n1") == [1, 2] and seqs(store, "n2") == [1]
+    assert store.get_run("n1").lease_owner == "w1" and store.get_run("n1").lease_token == 1
+    assert store.get_run("n2").status == "pending" and store.get_run("n2").lease_owner is None
+    assert [s.seq for s in store.snapshots("n1")] == [2]
+    assert seqs(store, "old") == [1] and store.get_run("old").dedup_key is None
+    assert {r.run_id for r in store.list_runs(limit=None)} == {"old", "keyed", "n1", "n2"}
+
+
+def test_a_created_run_takes_appends_like_one_made_alone(store):
+    # Given runs created together
+    assert store.create_runs([create("a"), create("b")]) == [1, 1]
+    # When they are appended to under their tokens
+    assert store.append_many([item("a", 2), item("b", 2, 3)]) == [None, None]
+    # Then their journals follow on from the creation
+    assert seqs(store, "a") == [1, 2] and seqs(store, "b") == [1, 2, 3]
+
+
+def test_bad_creations_raise_before_anything_is_written(store):
+    assert store.create_runs([]) == []
+    with pytest.raises(ValueError, match="lease_ttl"):
+        store.create_runs([create("a"), create("b", lease_ttl=None)])
+    with pytest.raises(ConflictError):
+        store.create_runs([create("a"), create("c", 1, 1)])
+    assert store.list_runs(limit=None) == []
