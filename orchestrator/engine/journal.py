@@ -110,7 +110,7 @@ class JournalWriter:
         #: runs being driven by this process now; with more than one, async commits are grouped
         self.driving = 0
         self._driving_lock = threading.Lock()
-        self.committer = GroupCommitter(store, lanes=1 if store.dialect == "sqlite" else 2)
+        self.committer = GroupCommitter(store, lanes=1 if store.dialect == "sqlite" else 4)
 
     def policy(self, workflow: Workflow) -> Snapshots:
         """When ``workflow``'s runs are snapshotted: its own policy, else the default."""
