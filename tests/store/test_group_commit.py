@@ -183,3 +183,42 @@ def test_bad_creations_raise_before_anything_is_written(store):
     with pytest.raises(ConflictError):
         store.create_runs([create("a"), create("c", 1, 1)])
     assert store.list_runs(limit=None) == []
+
+
+def test_a_group_writes_row_changes_snapshots_and_prunings_as_its_items_would_one_by_one(store):
+    # Given two pairs of leased runs, each run with two older snapshots
+    for run_id in ("a", "b", "c", "d"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    for run_id in ("a", "c"):
+        for seq in (2, 3):
+            old = NewSnapshot(seq=seq, state="{}", sha256=f"h{seq}", trigger="periodic", created_at=T0 + seq)
+            store.append(run_id, [ev(seq)], token=1, now=T0 + seq, snapshot=old)
+
+    def snap(seq):
+        return NewSnapshot(seq=seq, state=f'{{"at": {seq}}}', sha256=f"h{seq}", trigger="final", created_at=T0 + seq)
+
+    def items(first, second):
+        return [
+            item(first, 4, snapshot=snap(4), keep_snapshots=2),
+            item(second, 2, workflow_version=("2", "fp2")),
+            item(first, 5, status="compensating"),
+            item(first, 6, snapshot=snap(6), keep_snapshots=2, status="compensated", finished=True,
+                 release_lease=True),
+            item(second, 3, status="failed", error="boom", finished=True, release_lease=True),
+        ]
+
+    # When one group holds a run's snapshots, status changes and final commit, and another run's
+    # version change and final commit (a, b), and the same appends are made one by one (c, d)
+    assert store.append_many(items("a", "b")) == [None] * 5
+    for one in items("c", "d"):
+        store.append(one.pop("run_id"), one.pop("events"), **one)
+
+    # Then both pairs end the same: the same rows, journals and pruned snapshot catalogs
+    def outcome(run_id):
+        r = store.get_run(run_id)
+        return ((r.status, r.error, r.finished_at, r.lease_owner, r.lease_expires_at, r.version, r.fingerprint),
+                seqs(store, run_id), [(s.seq, s.trigger) for s in store.snapshot_catalog(run_id)])
+
+    assert outcome("a") == outcome("c") and outcome("b") == outcome("d")
+    assert outcome("a")[0][0] == "compensated" and outcome("a")[2] == [(6, "final"), (4, "final")]
+    assert outcome("b")[0][:2] == ("failed", "boom") and outcome("b")[0][5:] == ("2", "fp2")
