@@ -82,6 +82,12 @@ class Dialect:
         inside classifies errors around the whole block, not around each statement."""
         return nullcontext()
 
+    def where_in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """A `column IN (...)` condition for `values` and its parameters (keep `values` under
+        `CHUNK`). Here one placeholder each; Postgres passes one array, so the statement's text
+        stays the same whatever the count (the driver parses and prepares it once)."""
+        return f"{column} IN ({marks(len(values))})", list(values)
+
     def unique_table(self, exc: BaseException) -> str:
         """The table whose unique key `exc` (classified UNIQUE) violated, without the
         ``agentsaga_`` prefix ("events", "snapshots", "runs"); "" when it cannot tell."""

@@ -235,9 +235,9 @@ class Journal:
             with d.pipeline(conn), d.transaction(conn):
                 fence: dict[str, tuple[int, int]] = {}
                 for chunk in iter_chunks(run_ids, CHUNK):
-                    sql = (f"SELECT run_id, pk, lease_token FROM agentsaga_runs WHERE run_id IN ({marks(len(chunk))})"
-                           f" ORDER BY run_id{d.lock_update}")
-                    for run_id, pk, token in d.fetchall(conn, sql, chunk):
+                    where, params = d.where_in("run_id", chunk)
+                    sql = f"SELECT run_id, pk, lease_token FROM agentsaga_runs WHERE {where} ORDER BY run_id{d.lock_update}"
+                    for run_id, pk, token in d.fetchall(conn, sql, params):
                         fence[run_id] = (pk, token)
                 failed: dict[str, BaseException] = {}
                 rows: list[tuple[Any, ...]] = []

@@ -93,6 +93,11 @@ class PostgresDialect(Dialect):
         # leaving the block) is one round trip for everything queued before it.
         return conn.pipeline()
 
+    def where_in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        # One array parameter: a text of hundreds of placeholders is parsed again on every call
+        # (too long for psycopg's query cache) and never prepared.
+        return f"{column} = ANY(?)", [list(values)]
+
     def unique_table(self, exc: BaseException) -> str:
         diag = getattr(exc, "diag", None)
         table = getattr(diag, "table_name", None) or ""
