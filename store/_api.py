@@ -40,12 +40,12 @@ from ._dialect import CHUNK, Dialect, ErrorKind, iter_chunks, marks
 from ._failures import Failures
 from ._fence import Fence
 from ._journal import (
-    INSERT_EVENT,
     PRUNE_SNAPSHOTS,
     GroupConflict,
     Journal,
     check_batch,
     event_row,
+    insert_events,
 )
 from ._leases import Leases
 from ._queues import Queues
@@ -205,7 +205,7 @@ class Store:
                 with d.transaction(conn):
                     pk = d.fetchall(conn, _INSERT_RUN, row)[0][0]
                     if events:
-                        d.executemany(conn, INSERT_EVENT, [event_row(pk, e) for e in events])
+                        insert_events(d, conn, [event_row(pk, e) for e in events])
                     if snapshot is not None:
                         journal.insert_snapshot(conn, pk, snapshot)
             except d.driver_errors as exc:
@@ -249,7 +249,7 @@ class Store:
                     if snapshot is not None:
                         self._journal.insert_snapshot(conn, pk, snapshot)
                 if events:
-                    d.executemany(conn, INSERT_EVENT, events)
+                    insert_events(d, conn, events)
             results: list[int | DuplicateRunError] = [plan[3] for plan in plans]
             for i in taken:  # named after the commit, as create_run names its duplicate
                 row = plans[i][0]

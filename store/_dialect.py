@@ -82,6 +82,13 @@ class Dialect:
         inside classifies errors around the whole block, not around each statement."""
         return nullcontext()
 
+    def bulk_insert(self, conn: Any, table: str, columns: Sequence[str], types: Sequence[str],
+                    rows: Sequence[Sequence[Any]]) -> None:
+        """Insert `rows` (tuples in `columns` order) into `table` in one call. `types` are the
+        columns' Postgres types, for a backend that sends the rows as one array per column."""
+        sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks(len(columns))})"
+        self.executemany(conn, sql, rows)
+
     def where_in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """A `column IN (...)` condition for `values` and its parameters (keep `values` under
         `CHUNK`). Here one placeholder each; Postgres passes one array, so the statement's text

@@ -28,11 +28,8 @@ from ._records import EventRecord, NewEvent, NewSnapshot
 from ._signals import consume_in_transaction
 from .errors import ConflictError, RunNotFoundError
 
-__all__ = ["INSERT_EVENT", "PRUNE_SNAPSHOTS", "GroupConflict", "Journal", "check_batch", "event_row"]
+__all__ = ["PRUNE_SNAPSHOTS", "GroupConflict", "Journal", "check_batch", "event_row", "insert_events"]
 
-INSERT_EVENT = (
-    "INSERT INTO agentsaga_events (run_pk, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)"
-)
 PRUNE_SNAPSHOTS = (
     "DELETE FROM agentsaga_snapshots WHERE run_pk = ? AND seq NOT IN"
     " (SELECT seq FROM agentsaga_snapshots WHERE run_pk = ? ORDER BY seq DESC LIMIT ?)"
@@ -64,8 +61,17 @@ def check_batch(run_id: str, events: Sequence[NewEvent]) -> None:
         seen.add(event.seq)
 
 
+_EVENT_COLUMNS = ("run_pk", "seq", "kind", "at", "data")
+_EVENT_TYPES = ("bigint", "integer", "text", "double precision", "text")
+
+
+def insert_events(d: Dialect, conn: Any, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Insert event rows (`event_row`'s shape) in one call, on the caller's connection."""
+    d.bulk_insert(conn, "agentsaga_events", _EVENT_COLUMNS, _EVENT_TYPES, rows)
+
+
 def event_row(pk: int, e: NewEvent) -> tuple[Any, ...]:
-    """The parameters of `INSERT_EVENT` for event `e` of run `pk`."""
+    """The row of event `e` of run `pk` (`insert_events`'s shape, columns in `_EVENT_COLUMNS` order)."""
     return (pk, e.seq, e.kind, e.at, e.data)
 
 
@@ -161,7 +167,7 @@ class Journal:
                 if current != token:
                     raise self._fence.fenced_error(run_id, token, current)
                 if events:
-                    d.executemany(conn, INSERT_EVENT, [event_row(pk, e) for e in events])
+                    insert_events(d, conn, [event_row(pk, e) for e in events])
                 self._write_run(conn, pk, run_id, now, status, error, finished, snapshot, keep, release,
                                 consume, workflow_version)
         except d.driver_errors as exc:
@@ -261,7 +267,7 @@ class Journal:
                                     bool(item.get("release_lease")), item.get("consume_signals") or (),
                                     item.get("workflow_version"), later)
                 if rows:
-                    d.executemany(conn, INSERT_EVENT, rows)
+                    insert_events(d, conn, rows)
                 later.write(conn)
         except d.driver_errors as exc:
             if d.classify(exc, conn) is ErrorKind.UNIQUE:

@@ -76,6 +76,7 @@ class PostgresDialect(Dialect):
         self.url = mask_url(url)
         self.conninfo = make_conninfo("", **params)
         self._q: dict[str, str] = {}
+        self._bulk: dict[tuple[Any, ...], str] = {}
 
     def connect(self) -> psycopg.Connection:
         return psycopg.connect(self.conninfo, autocommit=True)
@@ -92,6 +93,18 @@ class PostgresDialect(Dialect):
         # psycopg's pipeline mode: statements are queued and sent together; reading a result (or
         # leaving the block) is one round trip for everything queued before it.
         return conn.pipeline()
+
+    def bulk_insert(self, conn: psycopg.Connection, table: str, columns: Sequence[str], types: Sequence[str],
+                    rows: Sequence[Sequence[Any]]) -> None:
+        # One statement of one binary array per column, unnested into rows: a third of the driver's
+        # CPU of executemany (which sends, and in a pipeline syncs its buffers, row by row), and one
+        # statement text whatever the count, so it is prepared once.
+        key = (table, tuple(columns), tuple(types))
+        sql = self._bulk.get(key)
+        if sql is None:
+            arrays = ", ".join(f"%b::{t}[]" for t in types)
+            sql = self._bulk[key] = f"INSERT INTO {table} ({', '.join(columns)}) SELECT * FROM unnest({arrays})"
+        conn.execute(sql, [list(column) for column in zip(*rows, strict=True)], prepare=True)
 
     def where_in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         # One array parameter: a text of hundreds of placeholders is parsed again on every call
