@@ -48,6 +48,10 @@ _PERMANENT_AT_CONNECT = re.compile(
 )
 
 
+# The Python type each bulk-inserted column's values are made into (see `bulk_insert`).
+_CAST = {"double precision": float, "bigint": int, "integer": int}
+
+
 class PostgresDialect(Dialect):
     name = "postgresql"
     sa_dialect = sa_psycopg.dialect()
@@ -104,7 +108,11 @@ class PostgresDialect(Dialect):
         if sql is None:
             arrays = ", ".join(f"%b::{t}[]" for t in types)
             sql = self._bulk[key] = f"INSERT INTO {table} ({', '.join(columns)}) SELECT * FROM unnest({arrays})"
-        conn.execute(sql, [list(column) for column in zip(*rows, strict=True)], prepare=True)
+        # An array holds one type: a float column's ints (an injected clock's whole seconds) are
+        # sent as floats, as the database would store them anyway.
+        arrays = [[None if v is None else _CAST[t](v) for v in column] if t in _CAST else list(column)
+                  for t, column in zip(types, zip(*rows, strict=True), strict=True)]
+        conn.execute(sql, arrays, prepare=True)
 
     def where_in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         # One array parameter: a text of hundreds of placeholders is parsed again on every call

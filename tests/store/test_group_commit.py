@@ -222,3 +222,18 @@ def test_a_group_writes_row_changes_snapshots_and_prunings_as_its_items_would_on
     assert outcome("a") == outcome("c") and outcome("b") == outcome("d")
     assert outcome("a")[0][0] == "compensated" and outcome("a")[2] == [(6, "final"), (4, "final")]
     assert outcome("b")[0][:2] == ("failed", "boom") and outcome("b")[0][5:] == ("2", "fp2")
+
+
+def test_events_stamped_with_whole_and_fractional_seconds_are_journaled_together(store):
+    # Given two runs, and a clock that gave one of them a whole second (an injected clock may)
+    for run_id in ("a", "b"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    # When their appends, one at an int time and one at a float time, are written in one group
+    # and one append carries events at both kinds of time
+    results = store.append_many([item("a", 2) | {"events": [ev(2, at=1_700_000_100)]},
+                                 item("b", 2) | {"events": [ev(2, at=T0 + 0.25)]}])
+    store.append("a", [ev(3, at=1_700_000_101), ev(4, at=T0 + 0.5)], token=1, now=T0 + 1)
+    # Then every event is journaled with its time
+    assert results == [None, None]
+    assert [e.at for e in store.events("a")] == [T0 + 1, 1_700_000_100, 1_700_000_101, T0 + 0.5]
+    assert [e.at for e in store.events("b")] == [T0 + 1, T0 + 0.25]
