@@ -82,6 +82,7 @@ _INSERT_RUN = (
 # Many runs in one statement (group create): the rows are `_INSERT_RUN_ROW` repeated; a row whose id
 # or dedup key is taken is skipped, not an error, and its absence from the answer says so.
 _INSERT_RUN_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+_CREATE_CHUNK = 16  # rows per statement: 17 parameters each, under every driver's limit
 _INSERT_RUNS = (
     "INSERT INTO agentsaga_runs (run_id, workflow, version, fingerprint, target, status,"
     " created_at, updated_at, parent_run_id, lease_owner, lease_token, lease_expires_at, queue,"
@@ -228,17 +229,21 @@ class Store:
         if not plans:
             return []
         d = self._d
-        width = _INSERT_RUN_ROW.count("?")
-        per = max(1, d.max_params // width)
 
         def work(conn: Any) -> list[int | DuplicateRunError]:
             taken: list[int] = []
             with d.pipeline(conn), d.transaction(conn):
+                # Chunks of a fixed size (and a shorter last one): a few statement texts, short
+                # enough for the driver to cache and prepare; every chunk is sent before any answer
+                # is read (Postgres: one round trip for all of them).
+                cursors = [
+                    d.execute(conn, _INSERT_RUNS.format(rows=", ".join([_INSERT_RUN_ROW] * len(chunk))),
+                              [v for plan in chunk for v in plan[0]])
+                    for chunk in iter_chunks(plans, _CREATE_CHUNK)
+                ]
                 pks: dict[str, int] = {}
-                for chunk in iter_chunks(plans, per):
-                    sql = _INSERT_RUNS.format(rows=", ".join([_INSERT_RUN_ROW] * len(chunk)))
-                    params = [v for plan in chunk for v in plan[0]]
-                    pks.update(d.fetchall(conn, sql, params))
+                for cursor in cursors:
+                    pks.update(cursor.fetchall())
                 events: list[tuple[Any, ...]] = []
                 for i, (row, evs, snapshot, _token) in enumerate(plans):
                     pk = pks.pop(row[0], None)  # popped: a second item with this id is a duplicate

@@ -237,3 +237,18 @@ def test_events_stamped_with_whole_and_fractional_seconds_are_journaled_together
     assert results == [None, None]
     assert [e.at for e in store.events("a")] == [T0 + 1, 1_700_000_100, 1_700_000_101, T0 + 0.5]
     assert [e.at for e in store.events("b")] == [T0 + 1, T0 + 0.25]
+
+
+def test_many_runs_created_together_span_several_statements_and_keep_their_verdicts(store):
+    # Given an existing run "x30"
+    new_run(store, "x30")
+    # When forty creations arrive together, the existing id among them and one id given twice far apart
+    ids = [f"x{i}" for i in range(40)]
+    ids[35] = "x3"
+    results = store.create_runs([create(run_id) for run_id in ids])
+    # Then each duplicate is named where it stands, and every other run is created once
+    dups = {i: r.existing_run_id for i, r in enumerate(results) if not isinstance(r, int)}
+    assert dups == {30: "x30", 35: "x3"}
+    assert all(results[i] == 1 for i in range(40) if i not in dups)
+    assert sorted(r.run_id for r in store.list_runs(limit=None)) == sorted(set(ids))
+    assert all(seqs(store, run_id) == [1] for run_id in set(ids))
