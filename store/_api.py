@@ -40,12 +40,12 @@ from ._dialect import CHUNK, Dialect, ErrorKind, iter_chunks, marks
 from ._failures import Failures
 from ._fence import Fence
 from ._journal import (
-    INSERT_EVENT,
     PRUNE_SNAPSHOTS,
     GroupConflict,
     Journal,
     check_batch,
     event_row,
+    insert_events,
 )
 from ._leases import Leases
 from ._queues import Queues
@@ -78,6 +78,16 @@ _INSERT_RUN = (
     " created_at, updated_at, parent_run_id, lease_owner, lease_token, lease_expires_at, queue,"
     " priority, dedup_key, finished_at, error, recoveries)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING pk"
+)
+# Many runs in one statement (group create): the rows are `_INSERT_RUN_ROW` repeated; a row whose id
+# or dedup key is taken is skipped, not an error, and its absence from the answer says so.
+_INSERT_RUN_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+_CREATE_CHUNK = 16  # rows per statement: 17 parameters each, under every driver's limit
+_INSERT_RUNS = (
+    "INSERT INTO agentsaga_runs (run_id, workflow, version, fingerprint, target, status,"
+    " created_at, updated_at, parent_run_id, lease_owner, lease_token, lease_expires_at, queue,"
+    " priority, dedup_key, finished_at, error, recoveries)"
+    " VALUES {rows} ON CONFLICT DO NOTHING RETURNING run_id, pk"
 )
 # Postgres: the run and its first event in one statement (a data-modifying WITH), so one round trip
 # in autocommit instead of BEGIN, INSERT, INSERT, COMMIT. A statement is its own transaction.
@@ -177,16 +187,11 @@ class Store:
         return the lease token (1 when created leased by `lease_owner`, else 0).
 
         `finished_at` and `error` bring in a run that has already ended elsewhere (a restore)."""
-        if lease_owner is not None and lease_ttl is None:
-            raise ValueError("create_run: lease_owner needs lease_ttl")
-        events = list(events)
-        check_batch(run_id, events)
-        if snapshot is not None and snapshot.seq not in {e.seq for e in events}:
-            raise ValueError(f"create_run: the snapshot's seq {snapshot.seq} is not one of the events'")
-        token = 1 if lease_owner is not None else 0
-        expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
-        row = (run_id, workflow, version, fingerprint, target, status, created_at, finished_at or created_at,
-               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key, finished_at, error)
+        row, events, snapshot, token = self._create_plan(
+            run_id=run_id, workflow=workflow, version=version, fingerprint=fingerprint, target=target,
+            created_at=created_at, events=events, status=status, lease_owner=lease_owner, lease_ttl=lease_ttl,
+            parent_run_id=parent_run_id, queue=queue, priority=priority, dedup_key=dedup_key,
+            snapshot=snapshot, finished_at=finished_at, error=error)
         d = self._d
         journal = self._journal
 
@@ -201,7 +206,7 @@ class Store:
                 with d.transaction(conn):
                     pk = d.fetchall(conn, _INSERT_RUN, row)[0][0]
                     if events:
-                        d.executemany(conn, INSERT_EVENT, [event_row(pk, e) for e in events])
+                        insert_events(d, conn, [event_row(pk, e) for e in events])
                     if snapshot is not None:
                         journal.insert_snapshot(conn, pk, snapshot)
             except d.driver_errors as exc:
@@ -213,8 +218,76 @@ class Store:
 
         return self._b.run("create_run", work)
 
+    def create_runs(self, creates: Sequence[dict[str, Any]]) -> list[int | DuplicateRunError]:
+        """Group create: several runs (each a dict of `create_run`'s arguments), with their first
+        events and snapshots, in one transaction and one flush. Each gets its own verdict, in
+        order: its lease token, or the `DuplicateRunError` `create_run` would have raised (its id
+        or dedup key is taken, in the database or by an earlier item); the others are created.
+        Arguments that `create_run` refuses raise before anything is written; the database being
+        away raises, as `create_run` does."""
+        plans = [self._create_plan(**c) for c in creates]
+        if not plans:
+            return []
+        d = self._d
+
+        def work(conn: Any) -> list[int | DuplicateRunError]:
+            taken: list[int] = []
+            with d.pipeline(conn), d.transaction(conn):
+                # Chunks of a fixed size (and a shorter last one): a few statement texts, short
+                # enough for the driver to cache and prepare; every chunk is sent before any answer
+                # is read (Postgres: one round trip for all of them).
+                cursors = [
+                    d.execute(conn, _INSERT_RUNS.format(rows=", ".join([_INSERT_RUN_ROW] * len(chunk))),
+                              [v for plan in chunk for v in plan[0]])
+                    for chunk in iter_chunks(plans, _CREATE_CHUNK)
+                ]
+                pks: dict[str, int] = {}
+                for cursor in cursors:
+                    pks.update(cursor.fetchall())
+                events: list[tuple[Any, ...]] = []
+                for i, (row, evs, snapshot, _token) in enumerate(plans):
+                    pk = pks.pop(row[0], None)  # popped: a second item with this id is a duplicate
+                    if pk is None:
+                        taken.append(i)
+                        continue
+                    events += [event_row(pk, e) for e in evs]
+                    if snapshot is not None:
+                        self._journal.insert_snapshot(conn, pk, snapshot)
+                if events:
+                    insert_events(d, conn, events)
+            results: list[int | DuplicateRunError] = [plan[3] for plan in plans]
+            for i in taken:  # named after the commit, as create_run names its duplicate
+                row = plans[i][0]
+                try:
+                    self._raise_duplicate(conn, row[0], row[14], None)
+                except DuplicateRunError as dup:
+                    results[i] = dup
+            return results
+
+        return self._b.run("create_runs", work)
+
+    def _create_plan(
+        self, *, run_id: str, workflow: str, version: str, fingerprint: str, target: str, created_at: float,
+        events: Sequence[NewEvent], status: str = "pending", lease_owner: str | None = None,
+        lease_ttl: float | None = None, parent_run_id: str | None = None, queue: str | None = None,
+        priority: int = 0, dedup_key: str | None = None, snapshot: NewSnapshot | None = None,
+        finished_at: float | None = None, error: str | None = None,
+    ) -> tuple[tuple[Any, ...], list[NewEvent], NewSnapshot | None, int]:
+        """`create_run`'s checks, and what it writes: (run row, events, snapshot, token)."""
+        if lease_owner is not None and lease_ttl is None:
+            raise ValueError("create_run: lease_owner needs lease_ttl")
+        events = list(events)
+        check_batch(run_id, events)
+        if snapshot is not None and snapshot.seq not in {e.seq for e in events}:
+            raise ValueError(f"create_run: the snapshot's seq {snapshot.seq} is not one of the events'")
+        token = 1 if lease_owner is not None else 0
+        expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
+        row = (run_id, workflow, version, fingerprint, target, status, created_at, finished_at or created_at,
+               parent_run_id, lease_owner, token, expires, queue, priority, dedup_key, finished_at, error)
+        return row, events, snapshot, token
+
     def _raise_duplicate(
-        self, conn: Any, run_id: str, dedup_key: str | None, exc: BaseException
+        self, conn: Any, run_id: str, dedup_key: str | None, exc: BaseException | None
     ) -> None:
         d = self._d
         if d.fetchone(conn, "SELECT pk FROM agentsaga_runs WHERE run_id = ?", (run_id,)):
@@ -364,7 +437,7 @@ class Store:
         journal = self._journal
         try:
             results = self._b.run("append_many", lambda conn: journal.append_group(conn, items), on_disconnect=lost)
-        except GroupConflict:
+        except (GroupConflict, ConflictError):  # a duplicate key, or signals one item may not consume
             results = None
         if results is None:
             # One by one, each with its own verdict: a duplicate key in the group, or a session lost

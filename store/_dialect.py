@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sqlalchemy.engine import Dialect as SADialect
@@ -51,6 +51,8 @@ class Dialect:
     lock_update: str = ""
     # Appended to the claim query's candidate SELECT.
     claim_lock: str = ""
+    # Bound parameters one statement may carry (multi-row INSERTs are chunked under it).
+    max_params: int = 999
     # What LIMIT takes to mean "no limit" (needed to write OFFSET alone).
     no_limit: str = "ALL"
     # One `?` parameter, a table name: returns a row when the table exists (on search_path).
@@ -72,6 +74,35 @@ class Dialect:
     def transaction(self, conn: Any) -> AbstractContextManager[None]:
         """An explicit write transaction: commit on success, roll back on any exception."""
         raise NotImplementedError
+
+    def pipeline(self, conn: Any) -> AbstractContextManager[Any]:
+        """A block whose statements may be sent without waiting for each answer (Postgres: one
+        round trip per result actually read, plus one at the end; elsewhere: nothing changes).
+        A driver error may then surface at a later statement or at the end of the block, so code
+        inside classifies errors around the whole block, not around each statement."""
+        return nullcontext()
+
+    def bulk_insert(self, conn: Any, table: str, columns: Sequence[str], types: Sequence[str],
+                    rows: Sequence[Sequence[Any]]) -> None:
+        """Insert `rows` (tuples in `columns` order) into `table` in one call. `types` are the
+        columns' Postgres types, for a backend that sends the rows as one array per column."""
+        sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks(len(columns))})"
+        self.executemany(conn, sql, rows)
+
+    def where_in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """A `column IN (...)` condition for `values` and its parameters (keep `values` under
+        `CHUNK`). Here one placeholder each; Postgres passes one array, so the statement's text
+        stays the same whatever the count (the driver parses and prepares it once)."""
+        return f"{column} IN ({marks(len(values))})", list(values)
+
+    def unique_table(self, exc: BaseException) -> str:
+        """The table whose unique key `exc` (classified UNIQUE) violated, without the
+        ``agentsaga_`` prefix ("events", "snapshots", "runs"); "" when it cannot tell."""
+        text = str(exc)
+        for table in ("snapshots", "events", "runs"):
+            if f"agentsaga_{table}" in text:
+                return table
+        return ""
 
     def info(self, conn: Any) -> dict[str, Any]:
         """Backend settings as the live connection reports them."""

@@ -48,6 +48,10 @@ _PERMANENT_AT_CONNECT = re.compile(
 )
 
 
+# The Python type each bulk-inserted column's values are made into (see `bulk_insert`).
+_CAST = {"double precision": float, "bigint": int, "integer": int}
+
+
 class PostgresDialect(Dialect):
     name = "postgresql"
     sa_dialect = sa_psycopg.dialect()
@@ -60,6 +64,7 @@ class PostgresDialect(Dialect):
     lock_update = " FOR NO KEY UPDATE"
     claim_lock = " FOR UPDATE SKIP LOCKED"
     table_exists_sql = "SELECT 1 WHERE to_regclass(?) IS NOT NULL"
+    max_params = 32767
 
     def __init__(self, url: str, parsed: URL, *, retry_for: float):
         if parsed.port is not None and not 1 <= parsed.port <= 65535:
@@ -75,6 +80,7 @@ class PostgresDialect(Dialect):
         self.url = mask_url(url)
         self.conninfo = make_conninfo("", **params)
         self._q: dict[str, str] = {}
+        self._bulk: dict[tuple[Any, ...], str] = {}
 
     def connect(self) -> psycopg.Connection:
         return psycopg.connect(self.conninfo, autocommit=True)
@@ -86,6 +92,39 @@ class PostgresDialect(Dialect):
         # In autocommit mode psycopg's transaction block sends BEGIN, then COMMIT, or ROLLBACK
         # when the block raises.
         return conn.transaction()
+
+    def pipeline(self, conn: psycopg.Connection):
+        # psycopg's pipeline mode: statements are queued and sent together; reading a result (or
+        # leaving the block) is one round trip for everything queued before it.
+        return conn.pipeline()
+
+    def bulk_insert(self, conn: psycopg.Connection, table: str, columns: Sequence[str], types: Sequence[str],
+                    rows: Sequence[Sequence[Any]]) -> None:
+        # One statement of one binary array per column, unnested into rows: a third of the driver's
+        # CPU of executemany (which sends, and in a pipeline syncs its buffers, row by row), and one
+        # statement text whatever the count, so it is prepared once.
+        key = (table, tuple(columns), tuple(types))
+        sql = self._bulk.get(key)
+        if sql is None:
+            arrays = ", ".join(f"%b::{t}[]" for t in types)
+            sql = self._bulk[key] = f"INSERT INTO {table} ({', '.join(columns)}) SELECT * FROM unnest({arrays})"
+        # An array holds one type: a float column's ints (an injected clock's whole seconds) are
+        # sent as floats, as the database would store them anyway.
+        arrays = [[None if v is None else _CAST[t](v) for v in column] if t in _CAST else list(column)
+                  for t, column in zip(types, zip(*rows, strict=True), strict=True)]
+        conn.execute(sql, arrays, prepare=True)
+
+    def where_in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        # One array parameter: a text of hundreds of placeholders is parsed again on every call
+        # (too long for psycopg's query cache) and never prepared.
+        return f"{column} = ANY(?)", [list(values)]
+
+    def unique_table(self, exc: BaseException) -> str:
+        diag = getattr(exc, "diag", None)
+        table = getattr(diag, "table_name", None) or ""
+        if table.startswith("agentsaga_"):
+            return table[len("agentsaga_"):]
+        return super().unique_table(exc)
 
     def info(self, conn: psycopg.Connection) -> dict[str, Any]:
         schema = conn.execute("SELECT current_schema()").fetchall()[0][0]

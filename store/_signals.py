@@ -90,7 +90,9 @@ def consume_in_transaction(
         "UPDATE agentsaga_signals SET consumed = ?"
         f" WHERE run_pk = ? AND consumed = ? AND pk IN ({marks(len(wanted))})"
     )
-    if dialect.execute(conn, sql, (True, run_pk, False, *wanted)).rowcount != len(wanted):
+    # RETURNING, not rowcount: inside a pipelined transaction (Postgres) a rowcount is known only
+    # after a round trip, which reading the returned rows makes.
+    if len(dialect.fetchall(conn, sql + " RETURNING pk", (True, run_pk, False, *wanted))) != len(wanted):
         raise ConflictError(
             f"run {run_id!r}: signals {wanted} are not all pending for this run"
             " (unknown, another run's, or already consumed)",

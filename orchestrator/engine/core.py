@@ -123,18 +123,41 @@ class Engine:
 
     async def acreate(self, wf: Workflow, input: Any, *, run_id: str | None, lease: bool) -> ActiveRun | None:
         """``create`` for async callers: while other runs are being driven, the run's first transaction
-        is made on a thread of its own (one, so one more connection at most), not on the event loop."""
+        joins the group committer (shared with the creations and commits queued meanwhile), not made
+        on the event loop. An adaptive snapshot policy reads recent runs to choose: that reading and
+        the creation are made on a thread of their own (one, so one more connection at most)."""
         if self.journal.driving == 0:
             return self.create(wf, input, run_id=run_id, lease=lease)
-        if self._creator is None:
-            self._creator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentsaga-create")
-        return await asyncio.wrap_future(self._creator.submit(self.create, wf, input, run_id=run_id, lease=lease))
+        if self.journal.policy(wf).adaptive is not None:
+            if self._creator is None:
+                self._creator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentsaga-create")
+            return await asyncio.wrap_future(self._creator.submit(self.create, wf, input, run_id=run_id, lease=lease))
+        item, choice = self._plan_create(wf, input, run_id=run_id, lease=lease, parent=None, start=None,
+                                         with_choice=False)
+        try:
+            token = await self.journal.acreate(item)
+        except DuplicateRunError as dup:
+            return self._duplicate(wf, run_id, dup)
+        return self._created(wf, item, token, choice)
 
     # -- starting ----------------------------------------------------------------------------------
     def create(self, wf: Workflow, input: Any, *, run_id: str | None, lease: bool, parent: dict[str, Any] | None = None,
                start: list[str] | None = None, **placement: Any) -> ActiveRun | None:
         """Journal a new run (``RunStarted`` and the run row in one transaction). Leased by this
         process when ``lease``; None when ``run_id`` exists already for the same workflow."""
+        item, choice = self._plan_create(wf, input, run_id=run_id, lease=lease, parent=parent, start=start,
+                                         with_choice=True, **placement)
+        try:
+            token = self.store.create_run(**item)
+        except DuplicateRunError as dup:
+            return self._duplicate(wf, run_id, dup)
+        return self._created(wf, item, token, choice)
+
+    def _plan_create(self, wf: Workflow, input: Any, *, run_id: str | None, lease: bool,
+                     parent: dict[str, Any] | None, start: list[str] | None, with_choice: bool,
+                     **placement: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """What creating the run writes (``store.create_run``'s arguments), and the adaptive policy's
+        choice (only ``with_choice``: it reads the store)."""
         self.workflows.register(wf)
         if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
             raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")
@@ -153,29 +176,34 @@ class Engine:
         cfg = self.config
         now = cfg.clock()
         events = [NewEvent(seq=1, kind=EventKind.RUN_STARTED, data=text, at=now)]
-        choice = self.choose_interval(wf, now)
+        choice = self.choose_interval(wf, now) if with_choice else None
         if choice is not None:
             events.append(NewEvent(seq=2, kind=EventKind.SNAPSHOT_POLICY, data=codec.dumps(choice), at=now))
-        try:
-            token = self.store.create_run(
-                run_id=rid, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
-                target="", created_at=now, status="running" if lease else "pending",
-                events=events,
-                lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
-                parent_run_id=parent["run_id"] if parent else None,
-                **placement,  # queue, priority, dedup_key (enqueue)
-            )
-        except DuplicateRunError as dup:
-            if run_id is None or dup.existing_run_id != run_id:  # a dedup key's clash: the caller's
-                raise
-            existing = self.store.get_run(run_id)
-            if existing.workflow != wf.name:
-                raise RunStateError(
-                    f"run {run_id!r} already exists for workflow {existing.workflow!r}, not {wf.name!r}"
-                ) from None
-            return None
+        item = dict(
+            run_id=rid, workflow=wf.name, version=wf.version, fingerprint=wf.fingerprint,
+            target="", created_at=now, status="running" if lease else "pending",
+            events=events,
+            lease_owner=cfg.owner if lease else None, lease_ttl=cfg.lease_ttl if lease else None,
+            parent_run_id=parent["run_id"] if parent else None,
+            **placement,  # queue, priority, dedup_key (enqueue)
+        )
+        return item, choice
+
+    def _duplicate(self, wf: Workflow, run_id: str | None, dup: DuplicateRunError) -> None:
+        """The run id (or dedup key) is taken: None when it is this workflow's run of that id, else raise."""
+        if run_id is None or dup.existing_run_id != run_id:  # a dedup key's clash: the caller's
+            raise dup
+        existing = self.store.get_run(run_id)
+        if existing.workflow != wf.name:
+            raise RunStateError(
+                f"run {run_id!r} already exists for workflow {existing.workflow!r}, not {wf.name!r}"
+            ) from None
+
+    def _created(self, wf: Workflow, item: dict[str, Any], token: int, choice: dict[str, Any] | None) -> ActiveRun:
+        events = item["events"]
         folded = fold(((e.seq, e.kind, codec.loads(e.data)) for e in events), wf.reduce)
-        return ActiveRun(rid, wf, token, folded, 0, snapshot_at=now, every=choice["every"] if choice else None)
+        return ActiveRun(item["run_id"], wf, token, folded, 0, snapshot_at=item["created_at"],
+                         every=choice["every"] if choice else None)
 
     def choose_interval(self, wf: Workflow, now: float) -> dict[str, Any] | None:
         """An adaptive snapshot policy's choice for a run of ``wf`` starting or resuming now, with its

@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrator.engine.events import TERMINAL_STATUSES, EventKind
 from orchestrator.engine.fold import RunState, apply
-from orchestrator.engine.groupcommit import GroupCommitter
+from orchestrator.engine.groupcommit import Entry, GroupCommitter
 from orchestrator.engine.snapshots import SnapshotChain, SnapshotMeta, restore_run
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
@@ -115,7 +115,7 @@ class JournalWriter:
         #: runs being driven by this process now; with more than one, async commits are grouped
         self.driving = 0
         self._driving_lock = threading.Lock()
-        self.committer = GroupCommitter(store, lanes=1 if store.dialect == "sqlite" else 2)
+        self.committer = GroupCommitter(store, lanes=1 if store.dialect == "sqlite" else 4)
 
     def policy(self, workflow: Workflow) -> Snapshots:
         """When ``workflow``'s runs are snapshotted: its own policy, else the default."""
@@ -146,13 +146,12 @@ class JournalWriter:
         (with ``workflow_version``, the run row's version and fingerprint are set in it too)."""
         # Encoded first: a value that cannot be journaled is the caller's error and changes nothing.
         texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
-        events, snap, future = self._start(run, texts, trigger, consume_signals, workflow_version, group=False)
-        if future is not None:  # earlier appends of this run are still in the group committer: after them
-            try:
-                future.result()
-            except BaseException:
+        events, snap, entry = self._start(run, texts, trigger, consume_signals, workflow_version, None)
+        if entry is not None:  # earlier appends of this run are still in the group committer: after them
+            self.committer.wait(entry)
+            if entry.error is not None:
                 self._broke(run)
-                raise
+                raise entry.error
             self._durable(run, snap)
         self._observe(run, events, snap)
 
@@ -161,25 +160,42 @@ class JournalWriter:
         """``commit`` for async callers: while this process drives several runs, the write joins the
         group committer and the event loop goes on with the other runs until it is durable."""
         texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
-        events, snap, future = self._start(run, texts, trigger, consume_signals, None, group=self.driving > 1)
-        if future is not None:
-            try:
-                await asyncio.wrap_future(future)
-            except asyncio.CancelledError:
-                # The append is on its way: let it land or fail before the cancellation goes on, as
-                # a synchronous commit would have (the run in memory must match what is written).
+        future = asyncio.get_running_loop().create_future() if self.driving > 1 else None
+        events, snap, entry = self._start(run, texts, trigger, consume_signals, None, future)
+        if entry is not None:
+            if entry.future is not None:
                 try:
-                    future.result()
-                except BaseException:  # noqa: BLE001 (the run is rebuilt; the cancellation is what goes on)
+                    await entry.future
+                except asyncio.CancelledError:
+                    # The append is on its way: let it land or fail before the cancellation goes on,
+                    # as a synchronous commit would have (the run in memory must match what is written).
+                    self.committer.wait(entry)
+                    if entry.error is not None:
+                        self._broke(run)
+                    else:
+                        self._durable(run, snap)
+                    raise
+                except BaseException:
                     self._broke(run)
-                else:
-                    self._durable(run, snap)
-                raise
-            except BaseException:
-                self._broke(run)
-                raise
+                    raise
+            else:  # not grouped itself, but behind grouped appends of its run
+                self.committer.wait(entry)
+                if entry.error is not None:
+                    self._broke(run)
+                    raise entry.error
             self._durable(run, snap)
         self._observe(run, events, snap)
+
+    async def acreate(self, item: dict[str, Any]) -> int:
+        """``store.create_run(**item)`` through the group committer: the new run's first transaction
+        is shared with the others created (or committed) meanwhile; returns its lease token."""
+        future = asyncio.get_running_loop().create_future()
+        entry = self.committer.submit_create(item, future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.committer.wait(entry)  # the run is created or not; only then does the cancellation go on
+            raise
 
     def _observe(self, run: ActiveRun, events: list[NewEvent], snap: dict[str, Any] | None) -> None:
         run.last_snapshot = None if snap is None else {k: snap[k] for k in ("seq", "trigger", "bytes", "write_ms")}
@@ -187,18 +203,19 @@ class JournalWriter:
             observer(run, events)
 
     def _start(self, run: ActiveRun, texts: list[tuple[str, str]], trigger: str | None,
-               consume_signals: list[int] | None, workflow_version: tuple[str, str] | None, *,
-               group: bool) -> tuple[list[NewEvent], dict[str, Any] | None, Any]:
-        """Fold the events into ``run`` and write them now, or hand them to the group committer (then
-        the future says when they are durable). Appends of one run are written in the order made.
-        Returns the events, what the snapshot bookkeeping becomes once durable, and the future."""
+               consume_signals: list[int] | None, workflow_version: tuple[str, str] | None,
+               future: asyncio.Future | None) -> tuple[list[NewEvent], dict[str, Any] | None, Entry | None]:
+        """Fold the events into ``run`` and write them now, or hand them to the group committer (with
+        ``future``, which the committer resolves; or when earlier appends of the run are still there:
+        then the caller waits for the entry returned). Appends of one run are written in the order
+        made. Returns the events, what the snapshot bookkeeping becomes once durable, and the entry."""
         with run.lock:
             if run.broken is not None:
                 raise run.broken
             try:
                 events, item, snap = self._prepare(run, texts, trigger, consume_signals, workflow_version)
-                if group or self.committer.has_pending(run):
-                    return events, snap, self.committer.submit(run, item)
+                if future is not None or self.committer.has_pending(run):
+                    return events, snap, self.committer.submit(run, item, future)
                 self.store.append(item.pop("run_id"), item.pop("events"), **item)
                 self._durable(run, snap)
             except BaseException as exc:

@@ -132,6 +132,7 @@ _canonical = json.JSONEncoder(
     default=_default, ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
 )
 _decoder = json.JSONDecoder(object_hook=_hook)
+_plain_decoder = json.JSONDecoder()
 
 
 _MAYBE_TAGGED = '{"$'
@@ -159,7 +160,12 @@ def canonical_dumps(value: Any, *, what: str = "value") -> str:
 
 
 def loads(text: str) -> Any:
-    return _decoder.decode(text)
+    # A tag (and an escaped user dict) is a key that starts with "$". A text with no string that
+    # starts with "$" (written out or as the \u0024 escape) holds none, and then the hook, called
+    # for every object, would change nothing: decode without it.
+    if '"$' in text or "\\u0024" in text:
+        return _decoder.decode(text)
+    return _plain_decoder.decode(text)
 
 
 def _explain(value: Any, what: str, exc: BaseException) -> EncodingError:

@@ -151,3 +151,15 @@ _JSON = st.recursive(
 def test_any_json_round_trips(value):
     assert decode_json(encode_json(value)) == value
     assert decode_json(canonical_dumps(value)) == value
+
+
+def test_tags_are_read_however_the_dollar_is_written_and_plain_text_decodes_as_json():
+    # A tag whose "$" another writer escaped as \u0024 is still a tag (the fast path for texts
+    # without tags must not miss it), and so is an escaped user dict
+    assert decode_json('{"\\u0024date": "2020-01-02"}') == dt.date(2020, 1, 2)
+    assert decode_json('{"\\u0024$x": 1}') == {"$x": 1}
+    assert decode_json('[{"$uuid": "12345678-1234-5678-1234-567812345678"}]') == [
+        uuid.UUID("12345678-1234-5678-1234-567812345678")]
+    # A text with no "$" at all decodes exactly as JSON; a "$" inside a value is only text
+    assert decode_json('{"a": [1, 2.5, {"b": null}], "c": "x"}') == {"a": [1, 2.5, {"b": None}], "c": "x"}
+    assert decode_json('{"a": "$date"}') == {"a": "$date"}

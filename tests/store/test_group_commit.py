@@ -120,3 +120,135 @@ def test_a_run_created_with_one_event_and_a_snapshot_keeps_its_snapshot(store):
     # Then the snapshot is written with the run (the one-statement create is for a run without one)
     assert [(s.seq, s.trigger, s.workflow) for s in store.snapshot_catalog("a")] == [(1, "restore", "wf")]
     assert seqs(store, "a") == [1]
+
+
+def test_an_item_whose_signals_are_not_pending_fails_alone(store):
+    # Given two leased runs, a's signal already consumed
+    for run_id in ("a", "b"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    signal = store.signals.send("a", "approval", '{"ok": true}', now=T0 + 1)
+    store.append("a", [ev(2)], token=1, now=T0 + 2, consume_signals=[signal])
+    # When a group holds an append consuming it again, and b's append
+    results = store.append_many([item("a", 3, consume_signals=[signal]), item("b", 2)])
+    # Then only a's append is refused; b's is journaled
+    assert isinstance(results[0], ConflictError) and results[1] is None
+    assert seqs(store, "a") == [1, 2] and seqs(store, "b") == [1, 2]
+
+
+# -- create_runs --------------------------------------------------------------------------------
+
+
+def create(run_id: str, *seqs: int, owner: str | None = "w1", **extra):
+    return {"run_id": run_id, "workflow": "wf", "version": "1", "fingerprint": "fp", "target": "",
+            "created_at": T0, "events": [ev(s, kind="RunStarted") for s in seqs or (1,)],
+            "lease_owner": owner, "lease_ttl": 30.0 if owner else None, **extra}
+
+
+def test_runs_created_together_each_get_their_token_or_their_duplicate(store):
+    # Given a run "old" and a run holding dedup key "k"
+    new_run(store, "old")
+    new_run(store, "keyed", dedup_key="k")
+    snap = NewSnapshot(seq=2, state='{"s": 2}', sha256="h2", trigger="final", created_at=T0)
+    # When five creations arrive together: a new leased run with two events and a snapshot, a new
+    # unleased run, the existing id, the taken dedup key, and a second creation of the first new id
+    results = store.create_runs([
+        create("n1", 1, 2, snapshot=snap), create("n2", owner=None, status="pending"), create("old"),
+        create("n3", dedup_key="k"), create("n1")])
+    # Then the new runs get their tokens, and each duplicate its own error naming the existing run
+    assert results[:2] == [1, 0]
+    assert [type(r).__name__ for r in results[2:]] == ["DuplicateRunError"] * 3
+    assert [r.existing_run_id for r in results[2:]] == ["old", "keyed", "n1"]
+    # And each created run has exactly its own events, row and snapshot; nothing else was written
+    assert seqs(store, "n1") == [1, 2] and seqs(store, "n2") == [1]
+    assert store.get_run("n1").lease_owner == "w1" and store.get_run("n1").lease_token == 1
+    assert store.get_run("n2").status == "pending" and store.get_run("n2").lease_owner is None
+    assert [s.seq for s in store.snapshots("n1")] == [2]
+    assert seqs(store, "old") == [1] and store.get_run("old").dedup_key is None
+    assert {r.run_id for r in store.list_runs(limit=None)} == {"old", "keyed", "n1", "n2"}
+
+
+def test_a_created_run_takes_appends_like_one_made_alone(store):
+    # Given runs created together
+    assert store.create_runs([create("a"), create("b")]) == [1, 1]
+    # When they are appended to under their tokens
+    assert store.append_many([item("a", 2), item("b", 2, 3)]) == [None, None]
+    # Then their journals follow on from the creation
+    assert seqs(store, "a") == [1, 2] and seqs(store, "b") == [1, 2, 3]
+
+
+def test_bad_creations_raise_before_anything_is_written(store):
+    assert store.create_runs([]) == []
+    with pytest.raises(ValueError, match="lease_ttl"):
+        store.create_runs([create("a"), create("b", lease_ttl=None)])
+    with pytest.raises(ConflictError):
+        store.create_runs([create("a"), create("c", 1, 1)])
+    assert store.list_runs(limit=None) == []
+
+
+def test_a_group_writes_row_changes_snapshots_and_prunings_as_its_items_would_one_by_one(store):
+    # Given two pairs of leased runs, each run with two older snapshots
+    for run_id in ("a", "b", "c", "d"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    for run_id in ("a", "c"):
+        for seq in (2, 3):
+            old = NewSnapshot(seq=seq, state="{}", sha256=f"h{seq}", trigger="periodic", created_at=T0 + seq)
+            store.append(run_id, [ev(seq)], token=1, now=T0 + seq, snapshot=old)
+
+    def snap(seq):
+        return NewSnapshot(seq=seq, state=f'{{"at": {seq}}}', sha256=f"h{seq}", trigger="final", created_at=T0 + seq)
+
+    def items(first, second):
+        return [
+            item(first, 4, snapshot=snap(4), keep_snapshots=2),
+            item(second, 2, workflow_version=("2", "fp2")),
+            item(first, 5, status="compensating"),
+            item(first, 6, snapshot=snap(6), keep_snapshots=2, status="compensated", finished=True,
+                 release_lease=True),
+            item(second, 3, status="failed", error="boom", finished=True, release_lease=True),
+        ]
+
+    # When one group holds a run's snapshots, status changes and final commit, and another run's
+    # version change and final commit (a, b), and the same appends are made one by one (c, d)
+    assert store.append_many(items("a", "b")) == [None] * 5
+    for one in items("c", "d"):
+        store.append(one.pop("run_id"), one.pop("events"), **one)
+
+    # Then both pairs end the same: the same rows, journals and pruned snapshot catalogs
+    def outcome(run_id):
+        r = store.get_run(run_id)
+        return ((r.status, r.error, r.finished_at, r.lease_owner, r.lease_expires_at, r.version, r.fingerprint),
+                seqs(store, run_id), [(s.seq, s.trigger) for s in store.snapshot_catalog(run_id)])
+
+    assert outcome("a") == outcome("c") and outcome("b") == outcome("d")
+    assert outcome("a")[0][0] == "compensated" and outcome("a")[2] == [(6, "final"), (4, "final")]
+    assert outcome("b")[0][:2] == ("failed", "boom") and outcome("b")[0][5:] == ("2", "fp2")
+
+
+def test_events_stamped_with_whole_and_fractional_seconds_are_journaled_together(store):
+    # Given two runs, and a clock that gave one of them a whole second (an injected clock may)
+    for run_id in ("a", "b"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    # When their appends, one at an int time and one at a float time, are written in one group
+    # and one append carries events at both kinds of time
+    results = store.append_many([item("a", 2) | {"events": [ev(2, at=1_700_000_100)]},
+                                 item("b", 2) | {"events": [ev(2, at=T0 + 0.25)]}])
+    store.append("a", [ev(3, at=1_700_000_101), ev(4, at=T0 + 0.5)], token=1, now=T0 + 1)
+    # Then every event is journaled with its time
+    assert results == [None, None]
+    assert [e.at for e in store.events("a")] == [T0 + 1, 1_700_000_100, 1_700_000_101, T0 + 0.5]
+    assert [e.at for e in store.events("b")] == [T0 + 1, T0 + 0.25]
+
+
+def test_many_runs_created_together_span_several_statements_and_keep_their_verdicts(store):
+    # Given an existing run "x30"
+    new_run(store, "x30")
+    # When forty creations arrive together, the existing id among them and one id given twice far apart
+    ids = [f"x{i}" for i in range(40)]
+    ids[35] = "x3"
+    results = store.create_runs([create(run_id) for run_id in ids])
+    # Then each duplicate is named where it stands, and every other run is created once
+    dups = {i: r.existing_run_id for i, r in enumerate(results) if not isinstance(r, int)}
+    assert dups == {30: "x30", 35: "x3"}
+    assert all(results[i] == 1 for i in range(40) if i not in dups)
+    assert sorted(r.run_id for r in store.list_runs(limit=None)) == sorted(set(ids))
+    assert all(seqs(store, run_id) == [1] for run_id in set(ids))

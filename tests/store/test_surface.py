@@ -11,7 +11,7 @@ import inspect
 from store import Store, open_store
 
 STORE_METHODS = {
-    "create_run", "get_run", "list_runs", "count_by_status", "append", "append_many", "events", "last_seq",
+    "create_run", "create_runs", "get_run", "list_runs", "count_by_status", "append", "append_many", "events", "last_seq",
     "snapshots", "snapshot", "snapshot_catalog", "mark_snapshot", "prune_snapshots", "delete_runs", "info", "close", "url", "dialect",
 }
 PARTS = {
