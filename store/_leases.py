@@ -95,7 +95,9 @@ class Leases:
         no such run): their holder has lost them."""
         if ttl <= 0:
             raise ValueError("leases.renew_many: ttl must be > 0")
-        items = list(held.items())
+        # In run id order, the order a group commit locks its runs in (store/_journal.py): two
+        # transactions that take several run rows each in one order cannot deadlock each other.
+        items = sorted(held.items())
         if not items:
             return []
         d = self._d
@@ -105,14 +107,15 @@ class Leases:
             for i in range(0, len(items), _RENEW_CHUNK):
                 chunk = items[i:i + _RENEW_CHUNK]
                 pairs = ", ".join(["(?, ?)"] * len(chunk))
-                sql = (f"UPDATE agentsaga_runs SET lease_expires_at = ? WHERE (run_id, lease_token) IN "
-                       f"(VALUES {pairs}) RETURNING run_id")
+                sql = (f"UPDATE agentsaga_runs SET lease_expires_at = ? WHERE pk IN (SELECT pk FROM agentsaga_runs"
+                       f" WHERE (run_id, lease_token) IN (VALUES {pairs}) ORDER BY run_id{d.lock_update})"
+                       " RETURNING run_id")
                 params = [now + ttl, *(v for run_id, token in chunk for v in (run_id, int(token)))]
                 renewed.update(row[0] for row in d.fetchall(conn, sql, params))
             return renewed
 
         renewed = self._b.run("leases.renew_many", work)
-        return [run_id for run_id, _ in items if run_id not in renewed]
+        return [run_id for run_id in held if run_id not in renewed]
 
     def release(
         self, run_id: str, *, token: int, now: float, status: str | None = None,

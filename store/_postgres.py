@@ -37,6 +37,7 @@ _APPEND_ONE = (
 # SQLSTATEs after which the session is gone even if psycopg has not noticed yet.
 _SESSION_LOST = frozenset({"57P01", "57P02", "57P03"})  # admin/crash shutdown, starting up
 # Failures that leave the session usable and succeed when simply tried again.
+_ROLLED_BACK = frozenset({"40001", "40P01"})  # serialization failure, deadlock detected
 _RETRY_IN_PLACE = frozenset({"55P03", "53300"})  # lock not available, too many connections
 # A refused login carries no SQLSTATE in libpq's connect error, only the server's FATAL text:
 # these mean the URL itself is wrong (database, role, password, pg_hba), so retrying cannot help.
@@ -166,6 +167,10 @@ class PostgresDialect(Dialect):
             return ErrorKind.OTHER
         if self.is_broken(conn) or sqlstate[:2] == "08" or sqlstate in _SESSION_LOST:
             return ErrorKind.DISCONNECT
-        if isinstance(exc, pg_errors.TransactionRollback) or sqlstate in _RETRY_IN_PLACE:
-            return ErrorKind.TRANSIENT  # serialization failure, deadlock victim, ...
+        # A serialization failure or a deadlock victim: the server rolled the whole transaction
+        # back, so running it again is safe. By SQLSTATE: psycopg's DeadlockDetected and
+        # SerializationFailure are not TransactionRollback subclasses. (Not all of class 40:
+        # 40003, statement completion unknown, is not known to be rolled back.)
+        if sqlstate in _ROLLED_BACK or isinstance(exc, pg_errors.TransactionRollback) or sqlstate in _RETRY_IN_PLACE:
+            return ErrorKind.TRANSIENT
         return ErrorKind.OTHER

@@ -164,3 +164,90 @@ def test_renew_many_of_nothing_and_bad_ttl(store):
     assert store.leases.renew_many({}, ttl=30, now=T0) == []
     with pytest.raises(ValueError, match="ttl"):
         store.leases.renew_many({"r1": 1}, ttl=0, now=T0)
+
+
+@pytest.mark.postgres
+def test_renew_many_takes_its_rows_in_run_id_order_as_a_group_commit_does(pg_url):
+    # Given runs a..z leased by w1 (made z first, so the table's own order is the reverse), and
+    # another transaction (a group commit's, which locks its runs in run id order) holding run m
+    import string
+    import threading
+    import time
+
+    import psycopg
+
+    from store import open_store
+
+    store = open_store(pg_url)
+    ids = list(reversed(string.ascii_lowercase))
+    for run_id in ids:
+        new_run(store, run_id, owner="w1", ttl=30)
+    libpq = "postgresql://" + pg_url.split("://", 1)[1]
+    group = psycopg.connect(libpq)
+    group.execute("SELECT 1 FROM agentsaga_runs WHERE run_id = 'm' FOR NO KEY UPDATE")
+    # When the heartbeat renews them all in a thread of its own
+    renewed: list[list[str]] = []
+    heartbeat = threading.Thread(target=lambda: renewed.append(
+        store.leases.renew_many(dict.fromkeys(ids, 1), ttl=30, now=T0 + 10)))
+    heartbeat.start()
+    with psycopg.connect(libpq, autocommit=True) as watcher:
+        deadline = time.monotonic() + 120  # readiness, not timing: until the renewal waits on a lock
+        while not watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                  " AND query LIKE 'UPDATE agentsaga_runs SET lease_expires_at%'").fetchone()[0]:
+            assert time.monotonic() < deadline, "the renewal never waited for run m's row"
+            time.sleep(0.01)
+    # Then it waits at m holding none after it: the group can still take n..z, as its run id order
+    # says it will (two transactions locking in one order cannot deadlock)
+    group.execute("SET lock_timeout = '1s'")
+    group.execute("SELECT 1 FROM agentsaga_runs WHERE run_id > 'm' ORDER BY run_id FOR NO KEY UPDATE")
+    group.rollback()
+    group.close()
+    heartbeat.join(120)
+    assert renewed == [[]]
+    store.close()
+
+
+@pytest.mark.postgres
+def test_a_store_write_chosen_as_a_deadlock_victim_is_run_again(pg_url):
+    # Given runs a and b leased by w1, and another transaction that holds b and will not give up
+    # first when a deadlock forms (its deadlock_timeout is long: the store's session detects it)
+    import threading
+    import time
+
+    import psycopg
+
+    from store import open_store
+
+    store = open_store(pg_url)
+    for run_id in ("a", "b"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    libpq = "postgresql://" + pg_url.split("://", 1)[1]
+    other = psycopg.connect(libpq)
+    other.execute("SET deadlock_timeout = '60s'")
+    other.execute("SELECT 1 FROM agentsaga_runs WHERE run_id = 'b' FOR NO KEY UPDATE")
+    # When the heartbeat renews a and b (taking a, then waiting for b) ...
+    renewed: list[object] = []
+
+    def renew() -> None:
+        try:
+            renewed.append(store.leases.renew_many({"a": 1, "b": 1}, ttl=30, now=T0 + 10))
+        except Exception as exc:  # noqa: BLE001 (the assertion below shows it)
+            renewed.append(exc)
+
+    heartbeat = threading.Thread(target=renew)
+    heartbeat.start()
+    with psycopg.connect(libpq, autocommit=True) as watcher:
+        deadline = time.monotonic() + 120  # readiness, not timing: until the renewal waits on a lock
+        while not watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                  " AND query LIKE 'UPDATE agentsaga_runs SET lease_expires_at%'").fetchone()[0]:
+            assert time.monotonic() < deadline, "the renewal never waited for run b's row"
+            time.sleep(0.01)
+    # ... and the other transaction then asks for a: a deadlock, whose victim is the renewal
+    other.execute("SELECT 1 FROM agentsaga_runs WHERE run_id = 'a' FOR NO KEY UPDATE")
+    other.rollback()
+    other.close()
+    heartbeat.join(120)
+    # Then the renewal was rolled back by the server and run again: both leases are renewed
+    assert renewed == [[]]
+    assert [store.get_run(r).lease_expires_at for r in ("a", "b")] == [T0 + 40, T0 + 40]
+    store.close()
