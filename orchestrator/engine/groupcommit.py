@@ -29,6 +29,7 @@ import asyncio
 import logging
 import queue
 import threading
+import zlib
 from typing import Any
 
 from store import Store
@@ -196,7 +197,9 @@ class GroupCommitter:
 
     def _lane(self, run_id: str) -> _Lane:
         lanes = self._lanes
-        return lanes[0] if len(lanes) == 1 else lanes[hash(run_id) % len(lanes)]
+        # A stable hash (``hash`` of a str differs per process): a run's lane is the same in every
+        # process and every run of a test, so what is grouped with what can be reproduced.
+        return lanes[0] if len(lanes) == 1 else lanes[zlib.crc32(run_id.encode()) % len(lanes)]
 
     def submit(self, run: Any, item: dict[str, Any], future: asyncio.Future | None = None) -> Entry:
         """Queue ``item`` (``store.append_many``'s shape) for ``run``. With ``future`` (of the

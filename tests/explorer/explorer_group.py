@@ -119,6 +119,9 @@ class Group:
         books with a fresh idempotency key, so a run re-sent after a crash books twice."""
         self.lockstep = Lockstep()
         lockstep = self.lockstep
+        #: awaited by ``confirm`` before its synchronous call (see ``quote_queued``), or None
+        self.confirm_gate: Callable[[str], Any] | None = None
+        gate = self
         wf = Workflow("group", version="1")
 
         def cancel(ctx, effect):
@@ -150,6 +153,8 @@ class Group:
             world.executed(ctx)
             tag = run_tag(ctx.run_id)
             await lockstep.arrive(ctx.run_id, "confirm")
+            if gate.confirm_gate is not None:
+                await gate.confirm_gate(ctx.run_id)
             # A synchronous durable call, made while the sibling's async one is still with the group
             # committer: its commit queues behind it (and must not be written if that one failed).
             ctx.durable_call("check", {"run": tag}, lambda: "ok")
@@ -168,6 +173,42 @@ class Group:
         wf.edge(["quote", "confirm"], "wrap")
         wf.edge("wrap", END)
         self.workflow = wf
+
+
+def one_lane(orc: Orchestrator) -> None:
+    """Give ``orc`` a group committer of one lane. On Postgres it has four, each run's appends in the
+    lane its id hashes to: three runs would mostly be written by different lanes, never together,
+    and the flow is here to explore writes that carry several runs."""
+    from orchestrator.engine.groupcommit import GroupCommitter
+
+    journal = orc.engine.journal
+    journal.committer.close()
+    journal.committer = GroupCommitter(orc.store, lanes=1)
+
+
+#: seconds a gate may wait for what it waits for before the exploration counts as hung
+HANG = 120.0
+
+
+def quote_queued(process: Any) -> Callable[[str], Any]:
+    """``confirm``'s gate in the first drive: wait until the run's ``quote`` call result has been
+    handed to the group committer (or written directly, or the process died), so the synchronous
+    call after it queues behind that commit whatever the scheduler does (the async call's guard runs
+    on a thread of its own first)."""
+
+    async def gate(run_id: str) -> None:
+        tag = run_tag(run_id)
+        deadline = asyncio.get_running_loop().time() + HANG
+        while process.dead is None:
+            with process.queued_changed:
+                if any("CallCompleted:quote" in kinds for kinds in process.queued_kinds.get(tag, ())):
+                    return
+            if any(f"{tag} CallCompleted:quote" in label for label in list(process.points)):
+                return  # written directly (the run was the only one left being driven)
+            assert asyncio.get_running_loop().time() < deadline, f"{tag}'s quote never reached the committer"
+            await asyncio.sleep(0.001)  # readiness, polled: the committer is on another thread
+
+    return gate
 
 
 def run_ids(base: str) -> list[str]:
@@ -303,11 +344,15 @@ def explore_group(url: str, base: str, plan: Plan, *, takeover: str = "resume",
                 first.dead = f"{plan.target} #{plan.nth} (SIGKILL)"
             else:
                 orcs.append(make_orchestrator(url, first, world, [group.workflow]))
+                one_lane(orcs[0])
                 watch_committer(orcs[0], first)
+                group.confirm_gate = quote_queued(first)
                 try:
                     firsts = drive_group(group, world, orcs[0], first, ids)
                 except ProcessDied:
                     pass
+                finally:
+                    group.confirm_gate = None  # the first drive's interleaving only
             results: dict[str, Any] = dict(firsts)
             if first.dead is not None:
                 for orc in orcs:
@@ -404,7 +449,7 @@ def check_fault(outcome: GroupOutcome, target: str, mode: str) -> list[str]:
     problems = []
     tag = re.findall(r"\br\d\b", target)[0]
     items = first.fault_items
-    touched = {tag} if mode in ("item", "fence") else (set(items) or {tag})
+    touched = {tag} if mode in ("item", "fence") and not first.fault_whole else (set(items) or {tag})
     for other in RUNS:
         if other in touched:
             continue

@@ -4,7 +4,7 @@ A *process* here is one ``Orchestrator`` with a store of its own (its own connec
 ``Process`` object that counts the crash points it passes:
 
 - before and after every durable write at the store boundary (``append`` with the event kinds it
-  carries, ``create_run``, ``leases.acquire``/``release``, ``wakeups.park``/``wake``,
+  carries, ``create_run``/``create_runs``, ``leases.acquire``/``release``, ``wakeups.park``/``wake``,
   ``signals.send``/``consume``, breaker and slot writes, queue claims...);
 - before every outgoing HTTP request leaves (``send``) and after the service answered but before
   anything was journaled about it (``sent``), for ``ctx.http``, tool calls and model calls alike
@@ -102,8 +102,12 @@ class Process:
         self._hits = 0
         #: the seqs, per run tag, of the append a fault hit (what must, or must not, have been written)
         self.fault_items: dict[str, list[int]] = {}
+        #: a one-run fault (``item``, ``fence``) that met a write other than an append failed it whole
+        self.fault_whole = False
         #: appends handed to the group committer, per run tag (see ``watch_committer``)
         self.queued: Counter[str] = Counter()
+        #: what each of those appends carried, per run tag (``CallCompleted:quote``, ...)
+        self.queued_kinds: dict[str, list[str]] = {}
         self.queued_changed = threading.Condition()
         #: whether a ``behind`` fault saw a later append of its run queued before it failed the write
         self.behind: bool | None = None
@@ -158,7 +162,7 @@ class Process:
 # -- the store boundary ------------------------------------------------------------------------------
 #: Every method that writes, per part of the Store ("" is the Store itself).
 WRITES: dict[str, tuple[str, ...]] = {
-    "": ("create_run", "append", "append_many", "prune_snapshots", "delete_runs"),
+    "": ("create_run", "create_runs", "append", "append_many", "prune_snapshots", "delete_runs"),
     "leases": ("acquire", "release"),
     "queues": ("claim", "claim_some", "claim_from"),
     "wakeups": ("park", "wake"),
@@ -202,6 +206,10 @@ def _label(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], tag_runs: boo
         items = [f"{run_tag(a['run_id'])} {_kinds(a['events'])}" for a in appends]
         shown = "; ".join(f"{item}{_extra(a)}" for item, a in zip(items, appends, strict=True))
         return f"append_many[{shown}]", items
+    if op == "create_runs":  # a group create: one transaction making several runs
+        creates = list(args[0] if args else kwargs["creates"])
+        items = [f"{run_tag(c['run_id'])} create" for c in creates]
+        return f"create_runs[{'; '.join(items)}]", items
     if op == "signals.send":
         return f"signals.send[{args[1] if len(args) > 1 else kwargs.get('name')}]", []
     if tag_runs:
@@ -242,6 +250,8 @@ def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[...,
         fault = process.fault_here(k)
         if fault is not None and op in ("append", "append_many"):
             process.fault_items = _seqs(op, args, kwargs)
+        elif fault is not None and op == "create_runs":  # every run the group create carries is touched
+            process.fault_items = {run_tag(c["run_id"]): [] for c in (args[0] if args else kwargs["creates"])}
         if fault == "raise":
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
         if fault == "behind":
@@ -249,6 +259,7 @@ def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[...,
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k}), "
                                         "with a later append of its run queued behind it")
         if fault in ("item", "fence") and op not in ("append", "append_many"):
+            process.fault_whole = True
             # A one-run fault counted onto a write that is not an append: the write fails whole.
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
         if fault in ("item", "fence"):
@@ -283,10 +294,11 @@ def watch_committer(orc: Orchestrator, process: Process) -> None:
     committer = orc.engine.journal.committer
     real = committer.submit
 
-    def submit(run: Any, item: dict[str, Any]) -> Any:
-        future = real(run, item)
+    def submit(run: Any, item: dict[str, Any], *rest: Any, **options: Any) -> Any:
+        future = real(run, item, *rest, **options)
         with process.queued_changed:
             process.queued[run_tag(run.run_id)] += 1
+            process.queued_kinds.setdefault(run_tag(run.run_id), []).append(_kinds(item["events"]))
             process.queued_changed.notify_all()
         return future
 
