@@ -16,6 +16,11 @@ step that touches one message copies one message. Every way Python hands out an 
 slicing, iteration, ``get``, ``items``, ``values``, ``pop``, ``+``, ``*``, ``copy``, ``sort`` with a
 key, ``{**view}``, ``dict(view)``, ``copy.deepcopy``) goes through the view. Read-only paths that
 bypass it in C (``==``, ``repr``, ``json.dumps``) only read. The shared state is never written.
+
+What the view cannot guard: code that reads a dict's or list's own storage in C and then changes
+what it got, such as unbound ``dict.get(view, key)`` or ``list.__getitem__(view, i)``, or an
+extension that walks a mapping in C and keeps its values (a model validated from the raw state with
+a field typed ``Any``). Copy first (``copy.deepcopy(state)``) before handing the state to such code.
 """
 
 from __future__ import annotations
