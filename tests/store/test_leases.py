@@ -166,13 +166,26 @@ def test_renew_many_of_nothing_and_bad_ttl(store):
         store.leases.renew_many({"r1": 1}, ttl=0, now=T0)
 
 
+def wait_until_renewal_waits_on_a_lock(libpq: str) -> None:
+    """Readiness, not timing: poll Postgres until a lease renewal is waiting for a row lock."""
+    import time
+
+    import psycopg
+
+    with psycopg.connect(libpq, autocommit=True) as watcher:
+        deadline = time.monotonic() + 120
+        while not watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                  " AND query LIKE 'UPDATE agentsaga_runs SET lease_expires_at%'").fetchone()[0]:
+            assert time.monotonic() < deadline, "the renewal never waited for a row lock"
+            time.sleep(0.01)
+
+
 @pytest.mark.postgres
 def test_renew_many_takes_its_rows_in_run_id_order_as_a_group_commit_does(pg_url):
     # Given runs a..z leased by w1 (made z first, so the table's own order is the reverse), and
     # another transaction (a group commit's, which locks its runs in run id order) holding run m
     import string
     import threading
-    import time
 
     import psycopg
 
@@ -190,12 +203,7 @@ def test_renew_many_takes_its_rows_in_run_id_order_as_a_group_commit_does(pg_url
     heartbeat = threading.Thread(target=lambda: renewed.append(
         store.leases.renew_many(dict.fromkeys(ids, 1), ttl=30, now=T0 + 10)))
     heartbeat.start()
-    with psycopg.connect(libpq, autocommit=True) as watcher:
-        deadline = time.monotonic() + 120  # readiness, not timing: until the renewal waits on a lock
-        while not watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                  " AND query LIKE 'UPDATE agentsaga_runs SET lease_expires_at%'").fetchone()[0]:
-            assert time.monotonic() < deadline, "the renewal never waited for run m's row"
-            time.sleep(0.01)
+    wait_until_renewal_waits_on_a_lock(libpq)
     # Then it waits at m holding none after it: the group can still take n..z, as its run id order
     # says it will (two transactions locking in one order cannot deadlock)
     group.execute("SET lock_timeout = '1s'")
@@ -212,7 +220,6 @@ def test_a_store_write_chosen_as_a_deadlock_victim_is_run_again(pg_url):
     # Given runs a and b leased by w1, and another transaction that holds b and will not give up
     # first when a deadlock forms (its deadlock_timeout is long: the store's session detects it)
     import threading
-    import time
 
     import psycopg
 
@@ -236,12 +243,7 @@ def test_a_store_write_chosen_as_a_deadlock_victim_is_run_again(pg_url):
 
     heartbeat = threading.Thread(target=renew)
     heartbeat.start()
-    with psycopg.connect(libpq, autocommit=True) as watcher:
-        deadline = time.monotonic() + 120  # readiness, not timing: until the renewal waits on a lock
-        while not watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                  " AND query LIKE 'UPDATE agentsaga_runs SET lease_expires_at%'").fetchone()[0]:
-            assert time.monotonic() < deadline, "the renewal never waited for run b's row"
-            time.sleep(0.01)
+    wait_until_renewal_waits_on_a_lock(libpq)
     # ... and the other transaction then asks for a: a deadlock, whose victim is the renewal
     other.execute("SELECT 1 FROM agentsaga_runs WHERE run_id = 'a' FOR NO KEY UPDATE")
     other.rollback()
