@@ -191,20 +191,18 @@ HANG = 120.0
 
 
 def quote_queued(process: Any) -> Callable[[str], Any]:
-    """``confirm``'s gate in the first drive: wait until the run's ``quote`` call result has been
-    handed to the group committer (or written directly, or the process died), so the synchronous
-    call after it queues behind that commit whatever the scheduler does (the async call's guard runs
-    on a thread of its own first)."""
+    """``confirm``'s gate in the first drive: wait until the write carrying the run's ``quote`` call
+    result has begun (its "before" moment was reached, grouped or direct), or the process died. So
+    the synchronous call after it is made while that write is under way, and queues behind it,
+    whatever the scheduler does: not in the same batch (the async call's guard runs on a thread of
+    its own first, and a loaded machine could otherwise let both reach the lane together)."""
 
     async def gate(run_id: str) -> None:
         tag = run_tag(run_id)
         deadline = asyncio.get_running_loop().time() + HANG
         while process.dead is None:
-            with process.queued_changed:
-                if any("CallCompleted:quote" in kinds for kinds in process.queued_kinds.get(tag, ())):
-                    return
             if any(f"{tag} CallCompleted:quote" in label for label in list(process.points)):
-                return  # written directly (the run was the only one left being driven)
+                return
             assert asyncio.get_running_loop().time() < deadline, f"{tag}'s quote never reached the committer"
             await asyncio.sleep(0.001)  # readiness, polled: the committer is on another thread
 

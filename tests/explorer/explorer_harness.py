@@ -106,8 +106,6 @@ class Process:
         self.fault_whole = False
         #: appends handed to the group committer, per run tag (see ``watch_committer``)
         self.queued: Counter[str] = Counter()
-        #: what each of those appends carried, per run tag (``CallCompleted:quote``, ...)
-        self.queued_kinds: dict[str, list[str]] = {}
         self.queued_changed = threading.Condition()
         #: whether a ``behind`` fault saw a later append of its run queued before it failed the write
         self.behind: bool | None = None
@@ -298,7 +296,6 @@ def watch_committer(orc: Orchestrator, process: Process) -> None:
         future = real(run, item, *rest, **options)
         with process.queued_changed:
             process.queued[run_tag(run.run_id)] += 1
-            process.queued_kinds.setdefault(run_tag(run.run_id), []).append(_kinds(item["events"]))
             process.queued_changed.notify_all()
         return future
 
