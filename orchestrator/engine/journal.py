@@ -144,22 +144,30 @@ class JournalWriter:
                consume_signals: list[int] | None = None, workflow_version: tuple[str, str] | None = None) -> None:
         """Append ``batch`` (``[(kind, data), ...]``) in one transaction and fold it into ``run``
         (with ``workflow_version``, the run row's version and fingerprint are set in it too)."""
-        # Encoded first: a value that cannot be journaled is the caller's error and changes nothing.
-        texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
+        texts = self._encode(batch)
         events, snap, entry = self._start(run, texts, trigger, consume_signals, workflow_version, None)
         if entry is not None:  # earlier appends of this run are still in the group committer: after them
-            self.committer.wait(entry)
-            if entry.error is not None:
-                self._broke(run)
-                raise entry.error
+            self._wait_behind(run, entry)
             self._durable(run, snap)
         self._observe(run, events, snap)
+
+    def _encode(self, batch: Batch) -> list[tuple[str, str]]:
+        """Encoded and redacted first: a value that cannot be journaled is the caller's error and
+        changes nothing."""
+        return [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
+
+    def _wait_behind(self, run: ActiveRun, entry: Entry) -> None:
+        """Block until ``entry``, queued behind grouped appends of its run, is written; its error breaks the run."""
+        self.committer.wait(entry)
+        if entry.error is not None:
+            self._broke(run)
+            raise entry.error
 
     async def acommit(self, run: ActiveRun, batch: Batch, *, trigger: str | None = None,
                       consume_signals: list[int] | None = None) -> None:
         """``commit`` for async callers: while this process drives several runs, the write joins the
         group committer and the event loop goes on with the other runs until it is durable."""
-        texts = [(kind, self.redact(codec.dumps(data, what=f"{kind} event"))) for kind, data in batch]
+        texts = self._encode(batch)
         future = asyncio.get_running_loop().create_future() if self.driving > 1 else None
         events, snap, entry = self._start(run, texts, trigger, consume_signals, None, future)
         if entry is not None:
@@ -179,10 +187,7 @@ class JournalWriter:
                     self._broke(run)
                     raise
             else:  # not grouped itself, but behind grouped appends of its run
-                self.committer.wait(entry)
-                if entry.error is not None:
-                    self._broke(run)
-                    raise entry.error
+                self._wait_behind(run, entry)
             self._durable(run, snap)
         self._observe(run, events, snap)
 
