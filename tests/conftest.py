@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -83,3 +89,154 @@ def store(db_url: str):
     opened = open_store(db_url)
     yield opened
     opened.close()
+
+
+# What the server sends once an autocommit INSERT of one row / an explicit COMMIT is durable:
+# CommandComplete with that tag, then ReadyForQuery(idle) = 'Z', length 5, 'I'.
+_READY_IDLE = b"Z\x00\x00\x00\x05I"
+
+
+class CommitEatingProxy:
+    """Forwards TCP to Postgres; when armed with a tag, drops the reply that completes it.
+
+    To lose a reply *after* the server committed, a store talks to Postgres through this proxy:
+    armed, it swallows the server's answer to a commit and cuts the connection, exactly what a
+    network partition at the wrong moment looks like."""
+
+    INSERT_DONE = b"INSERT 0 1\x00"  # an autocommit INSERT of one row
+    COMMIT_DONE = b"COMMIT\x00"  # an explicit transaction's COMMIT
+
+    def __init__(self, host: str, port: int):
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._tag: bytes | None = None
+        self.ate = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, tag: bytes) -> None:
+        self._tag = tag
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # listener closed
+            server = socket.create_connection(self._target)
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, from_server: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                tag = self._tag
+                if from_server and tag is not None and tag in data and data.endswith(_READY_IDLE):
+                    # The server has committed and is idle; the client never hears of it.
+                    self._tag = None
+                    self.ate.set()
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass  # the other direction closed the sockets
+        finally:
+            for s in (src, dst):
+                # shutdown, not just close: it wakes the sibling thread blocked in recv() on
+                # the same socket and sends the FIN the client is waiting to see.
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already shut down by the sibling thread
+                s.close()
+
+
+@pytest.fixture
+def proxied_url(pg_url: str) -> Iterator[tuple[str, CommitEatingProxy]]:
+    """(URL, proxy): `pg_url` reached through a `CommitEatingProxy`."""
+    parts = urlsplit(pg_url)
+    proxy = CommitEatingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    # Plain TCP so the proxy can read the protocol; SSL would hide the commit tags.
+    url = pg_url.replace(f"@{parts.netloc.split('@', 1)[1]}", f"@127.0.0.1:{proxy.port}", 1)
+    yield url + "&sslmode=disable", proxy
+    proxy.close()
+
+
+class LostReply:
+    """One write whose commit lands but whose caller hears a retryable error instead, per backend.
+
+    Postgres: the `CommitEatingProxy` loses the server's reply and cuts the session (the store
+    sees a lost connection). SQLite has no wire to cut: the store's dialect (an instance attribute,
+    as tests/orchestrator/crashflow.py reaches it) lets its next transaction commit, then raises
+    the driver's "database is locked", which the store retries as it would a real one."""
+
+    def __init__(self, url: str, proxy: CommitEatingProxy | None, admin_url: str | None = None,
+                 app: str | None = None):
+        self.url = url
+        self._proxy = proxy
+        self._admin_url = admin_url
+        self._app = app
+        self._sqlite_ate = False
+
+    def drop_session(self, store: Any) -> None:
+        """Make `store`'s next write fail retryably with nothing written. Postgres: an administrator
+        terminates the store's sessions (the next statement finds its connection gone); SQLite: the
+        next transaction raises "database is locked" before it begins."""
+        if self._proxy is not None:
+            import psycopg
+
+            with psycopg.connect(_libpq(self._admin_url or ""), autocommit=True) as admin:
+                killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                       " WHERE application_name = %s", (self._app,)).fetchall()
+            assert killed and all(ok for (ok,) in killed), f"no session of {self._app} to terminate"
+            return
+        dialect = store._d
+
+        def locked(conn: Any) -> Any:
+            del dialect.transaction  # once
+            busy = sqlite3.OperationalError("database is locked (injected: nothing was written)")
+            busy.sqlite_errorcode = 5  # SQLITE_BUSY: the store retries it
+            raise busy
+
+        dialect.transaction = locked
+
+    def arm(self, store: Any, tag: str) -> None:
+        """Lose the reply to `store`'s next write: ``insert`` (Postgres: an autocommit INSERT of
+        one row) or ``commit`` (an explicit transaction's COMMIT). On SQLite both are the next
+        transaction."""
+        if tag not in ("insert", "commit"):
+            raise ValueError(f"LostReply.arm: tag must be 'insert' or 'commit', got {tag!r}")
+        if self._proxy is not None:
+            self._proxy.arm(CommitEatingProxy.INSERT_DONE if tag == "insert" else CommitEatingProxy.COMMIT_DONE)
+            return
+        dialect = store._d
+        real = dialect.transaction
+
+        @contextmanager
+        def committed_then_lost(conn: Any) -> Iterator[None]:
+            with real(conn):
+                yield
+            del dialect.transaction  # once: the class's own transaction again
+            self._sqlite_ate = True
+            lost = sqlite3.OperationalError("database is locked (injected: the COMMIT landed)")
+            lost.sqlite_errorcode = 5  # SQLITE_BUSY: the store retries it
+            raise lost
+
+        dialect.transaction = committed_then_lost
+
+    @property
+    def ate(self) -> bool:
+        """Whether the armed fault has fired (a reply was lost)."""
+        return self._proxy.ate.is_set() if self._proxy is not None else self._sqlite_ate
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def lost_reply(request: pytest.FixtureRequest) -> LostReply:
+    """Each backend in turn (ids `sqlite`, `postgres`): a `LostReply` over an empty database."""
+    if request.param == "sqlite":
+        return LostReply(request.getfixturevalue("sqlite_url"), None)
+    url, proxy = request.getfixturevalue("proxied_url")
+    app = f"lostreply_{uuid.uuid4().hex[:12]}"
+    return LostReply(f"{url}&application_name={app}", proxy, request.getfixturevalue("pg_url"), app)
