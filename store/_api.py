@@ -89,6 +89,13 @@ _INSERT_RUNS = (
     " priority, dedup_key, finished_at, error, recoveries)"
     " VALUES {rows} ON CONFLICT DO NOTHING RETURNING run_id, pk"
 )
+# What identifies a created run beyond its id (see `Store._landed`), and where `_create_plan`'s row
+# holds each of these columns.
+_SELECT_IDENTITY = (
+    "SELECT workflow, target, created_at, parent_run_id, queue, priority, dedup_key"
+    " FROM agentsaga_runs WHERE run_id = ?"
+)
+_IDENTITY_AT = (1, 4, 6, 8, 12, 13, 14)
 # Postgres: the run and its first event in one statement (a data-modifying WITH), so one round trip
 # in autocommit instead of BEGIN, INSERT, INSERT, COMMIT. A statement is its own transaction.
 _CREATE_RUN_ONE = (
@@ -186,7 +193,9 @@ class Store:
         """Insert the run and its first events (and a snapshot of them) in one transaction;
         return the lease token (1 when created leased by `lease_owner`, else 0).
 
-        `finished_at` and `error` bring in a run that has already ended elsewhere (a restore)."""
+        `finished_at` and `error` bring in a run that has already ended elsewhere (a restore).
+        A taken run id or dedup key raises `DuplicateRunError`, except on a retry after an attempt
+        whose COMMIT may have landed, when the row in the way is exactly this call's (`_landed`)."""
         row, events, snapshot, token = self._create_plan(
             run_id=run_id, workflow=workflow, version=version, fingerprint=fingerprint, target=target,
             created_at=created_at, events=events, status=status, lease_owner=lease_owner, lease_ttl=lease_ttl,
@@ -196,8 +205,11 @@ class Store:
         journal = self._journal
 
         one = d.name == "postgresql" and len(events) == 1 and snapshot is None
+        attempts = 0
 
         def work(conn: Any) -> int:
+            nonlocal attempts
+            attempts += 1
             try:
                 if one:
                     e = events[0]
@@ -212,6 +224,10 @@ class Store:
             except d.driver_errors as exc:
                 if d.classify(exc, conn) is not ErrorKind.UNIQUE:
                     raise
+                # An earlier attempt failed with its outcome unknown (the boundary retries only
+                # those): if its COMMIT landed, the row in the way is the one this call wrote.
+                if attempts > 1 and self._landed(conn, row, events):
+                    return token
                 # The events had a brand-new run_pk: the duplicate is the run id or dedup key.
                 self._raise_duplicate(conn, run_id, dedup_key, exc)
             return token
@@ -222,15 +238,19 @@ class Store:
         """Group create: several runs (each a dict of `create_run`'s arguments), with their first
         events and snapshots, in one transaction and one flush. Each gets its own verdict, in
         order: its lease token, or the `DuplicateRunError` `create_run` would have raised (its id
-        or dedup key is taken, in the database or by an earlier item); the others are created.
+        or dedup key is taken, in the database or by an earlier item); the others are created. An
+        item a retried attempt finds already written exactly as it writes it gets its token.
         Arguments that `create_run` refuses raise before anything is written; the database being
         away raises, as `create_run` does."""
         plans = [self._create_plan(**c) for c in creates]
         if not plans:
             return []
         d = self._d
+        attempts = 0
 
         def work(conn: Any) -> list[int | DuplicateRunError]:
+            nonlocal attempts
+            attempts += 1
             taken: list[int] = []
             with d.pipeline(conn), d.transaction(conn):
                 # Chunks of a fixed size (and a shorter last one): a few statement texts, short
@@ -256,8 +276,16 @@ class Store:
                 if events:
                     insert_events(d, conn, events)
             results: list[int | DuplicateRunError] = [plan[3] for plan in plans]
+            # Ids this group holds: created now, or (after a retry) by its earlier attempt.
+            mine = {plan[0][0] for i, plan in enumerate(plans) if i not in taken}
             for i in taken:  # named after the commit, as create_run names its duplicate
                 row = plans[i][0]
+                # As in create_run: after an attempt whose COMMIT may have landed, an item whose row
+                # is exactly the one it writes was created then. An id an earlier item of the group
+                # holds is a duplicate within the group, whatever it reads like.
+                if attempts > 1 and row[0] not in mine and self._landed(conn, row, plans[i][1]):
+                    mine.add(row[0])
+                    continue
                 try:
                     self._raise_duplicate(conn, row[0], row[14], None)
                 except DuplicateRunError as dup:
@@ -285,6 +313,19 @@ class Store:
         row = (run_id, workflow, version, fingerprint, target, status, created_at, finished_at or created_at,
                parent_run_id, lease_owner, token, expires, queue, priority, dedup_key, finished_at, error)
         return row, events, snapshot, token
+
+    def _landed(self, conn: Any, row: tuple[Any, ...], events: Sequence[NewEvent]) -> bool:
+        """True when the run `row` (a `_create_plan` row) describes is in the database as this call
+        wrote it, with `events` byte for byte: an earlier attempt whose reply was lost landed.
+
+        Compared: the columns nothing changes after a create (workflow, target, created_at, parent,
+        queue, priority, dedup key) and the first events, which are append-only and carry the
+        input, version and fingerprint. Not compared: status, lease, version and fingerprint
+        columns, which a worker claiming the run (or a migration) may have changed since."""
+        found = self._d.fetchone(conn, _SELECT_IDENTITY, (row[0],))
+        if found is None or tuple(found) != tuple(row[i] for i in _IDENTITY_AT):
+            return False
+        return not events or self._journal.already_journaled(conn, row[0], events)
 
     def _raise_duplicate(
         self, conn: Any, run_id: str, dedup_key: str | None, exc: BaseException | None
