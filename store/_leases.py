@@ -12,11 +12,11 @@ token. The token only ever grows; the journal accepts appends only with the curr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._boundary import Boundary
-from ._dialect import Dialect
+from ._dialect import CHUNK, Dialect, iter_chunks
 from ._fence import Fence
 from .errors import LeaseHeldError, RunNotFoundError
 
@@ -36,8 +36,9 @@ _RENEW_CHUNK = 500  # runs per renewal statement (2 parameters each: well inside
 
 
 class Leases:
-    """A run's lease: `acquire`, `renew` (`renew_many` for all a holder's runs at once), `release`.
-    Times are the caller's; `ttl` in seconds."""
+    """A run's lease: `acquire`, `renew` (`renew_many` for all a holder's runs at once), `release`,
+    and `tokens` (the current tokens of many runs, read at once). Times are the caller's; `ttl` in
+    seconds."""
 
     def __init__(self, dialect: Dialect, boundary: Boundary, fence: Fence) -> None:
         self._d = dialect
@@ -116,6 +117,25 @@ class Leases:
 
         renewed = self._b.run("leases.renew_many", work)
         return [run_id for run_id in held if run_id not in renewed]
+
+    def tokens(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """The current lease token of each run in `run_ids`, read in one statement per `CHUNK`
+        runs (one round trip for a whole batch of "is my lease still current?" checks). A run that
+        does not exist is absent from the answer; the caller names it. Reads only: no lock taken."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        d = self._d
+
+        def work(conn: Any) -> dict[str, int]:
+            found: dict[str, int] = {}
+            for chunk in iter_chunks(ids, CHUNK):
+                where, params = d.where_in("run_id", chunk)
+                sql = f"SELECT run_id, lease_token FROM agentsaga_runs WHERE {where}"
+                found.update((run_id, int(token)) for run_id, token in d.fetchall(conn, sql, params))
+            return found
+
+        return self._b.run("leases.tokens", work)
 
     def release(
         self, run_id: str, *, token: int, now: float, status: str | None = None,

@@ -50,8 +50,9 @@ from orchestrator.errors import (
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 from orchestrator.payload.redact import same_request
+from store import FencedError, RunNotFoundError
 
-__all__ = ["DurableExecution", "Suspend", "FOREVER", "CALL_INDEX", "recorded_error"]
+__all__ = ["CALL_INDEX", "FOREVER", "CallGuard", "DurableExecution", "Suspend", "check_lease", "recorded_error"]
 
 #: wake_at of a run waiting with no timeout: only a signal wakes it
 FOREVER = 1e18
@@ -72,19 +73,64 @@ class Suspend(BaseException):
         super().__init__(f"{kind} {data.get('step')}")
 
 
+# -- the guard: may this attempt still act for its run? -----------------------------------------------
+def lease_verdict(run: ActiveRun, current: int | None, store: Any) -> BaseException | None:
+    """None if ``run.token`` is the run's ``current`` lease token (None: the run is gone), else the error
+    the caller gets (invariant 6)."""
+    if current is None:
+        return RunNotFoundError(f"no run {run.run_id!r} in {store.url}", run_id=run.run_id)
+    if current != run.token:
+        return FencedError(f"run {run.run_id!r}: the lease was taken over (token {run.token} is no longer "
+                           f"current, {current} is); no further call leaves this process",
+                           run_id=run.run_id, token=run.token, current_token=current)
+    return None
+
+
+def check_lease(store: Any, run: ActiveRun) -> None:
+    """Before a call leaves the process: is this process still the run's owner? A process whose lease
+    was taken over learns it here, not only at its next write (invariant 6). One store read, on the
+    caller's thread: for sync paths (async calls batch theirs, see ``_GuardLane``)."""
+    error = lease_verdict(run, store.get_run(run.run_id).lease_token, store)
+    if error is not None:
+        raise error
+
+
+class CallGuard:
+    """What is asked before a durable call leaves the process, in its two parts:
+
+    - ``attempt()``: in memory, free: raises if this attempt was abandoned (it timed out);
+    - the lease, ``(store, run)``: is ``run.token`` still the run's current token? A store read. Async
+      calls hand this part to a ``_GuardLane``, which reads the tokens of every run whose call is
+      waiting there in one statement (``store.leases.tokens``).
+
+    Calling the guard asks both, synchronously (``check_lease``'s read on the caller's thread)."""
+
+    __slots__ = ("attempt", "run", "store")
+
+    def __init__(self, attempt: Callable[[], None], store: Any, run: ActiveRun) -> None:
+        self.attempt = attempt
+        self.store = store
+        self.run = run
+
+    def __call__(self) -> None:
+        self.attempt()
+        check_lease(self.store, self.run)
+
+
 # -- the runtime a step's context talks to ----------------------------------------------------------
 class DurableExecution:
     """One attempt of a step: numbers its durable calls and timers, and journals them.
 
     ``signals`` is where signals wait to be consumed (``store.signals``); ``replay`` a cassette
     answering durable calls instead of the outside world (None: perform them); ``guard`` is asked
-    before a call leaves the process and before anything is journaled (it raises when this
-    process lost the run's lease, or the attempt timed out and was abandoned).
+    before a call leaves the process, whole (it raises when this process lost the run's lease, or the
+    attempt timed out and was abandoned), and its in-memory part before anything is journaled (the
+    append itself is fenced by the lease token, see ``_completed``).
     """
 
     def __init__(self, journal: JournalWriter, run: ActiveRun, step: str, tick: int, *, signals: Any,
                  clock: Callable[[], float], replay: Any = None, attempt: int = 1,
-                 guard: Callable[[], None] | None = None, compensable: bool = False) -> None:
+                 guard: CallGuard | None = None, compensable: bool = False) -> None:
         self.journal = journal
         self.run = run
         self.step = step
@@ -146,17 +192,20 @@ class DurableExecution:
 
     async def _arecord(self, kind: str, index: int, request: Any, response: Any, ms: float, *,
                        replaced: bool = False, effect: Any = None) -> Any:
-        await self._aguard()
-        data = self._completed(kind, index, request, response, ms, False, replaced, effect, guarded=True)
+        data = self._completed(kind, index, request, response, ms, False, replaced, effect)
         await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
         return self.run.folded.calls[self.step][str(index)]["response"]
 
     def _completed(self, kind: str, index: int, request: Any, response: Any, ms: float, replayed: bool,
-                   replaced: bool, effect: Any, *, guarded: bool = False) -> dict[str, Any]:
-        """The ``CallCompleted`` event's data (the guard is asked first, unless the caller just did: a
-        fenced attempt records nothing)."""
-        if self.guard is not None and not guarded:
-            self.guard()
+                   replaced: bool, effect: Any) -> dict[str, Any]:
+        """The ``CallCompleted`` event's data. An abandoned attempt records nothing: the in-memory part
+        of the guard is asked first. The lease is not read again here: the append that journals this
+        event carries the run's lease token and is refused by the store, in the same transaction, when
+        the token is stale (store/_journal.py: ``append_one``'s INSERT ... SELECT matches only the
+        current token; ``append_tx`` and a group commit read the token under the run row's lock), so a
+        fenced attempt records nothing either (invariant 6) without a read of its own."""
+        if self.guard is not None:
+            self.guard.attempt()
         data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": index, "kind": kind,
                                 "request": request, "response": response, "ms": round(ms, 3)}
         if replayed:
@@ -211,7 +260,8 @@ class DurableExecution:
         index, journaled, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
-        await self._aguard()
+        if self.guard is not None:
+            await self._aguard(self.guard)
         started = time.perf_counter()
         position = CALL_INDEX.set(index)
         try:
@@ -226,12 +276,14 @@ class DurableExecution:
         return await self._arecord(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
                                     replaced=replaced, effect=effect)
 
-    async def _aguard(self) -> None:
-        """The guard for an async call: off the event loop, since it may read the store (is the lease
-        still ours?), and a read on the loop would stop every other run for a round trip."""
-        if self.guard is not None:
-            await (_SQLITE_GUARDS if self.journal.store.dialect == "sqlite" else _GUARDS).check(self.guard)
-
+    async def _aguard(self, guard: CallGuard) -> None:
+        """The guard for an async call. The in-memory part on the loop; the lease off it, since it
+        reads the store, and a read on the loop would stop every other run for a round trip. The
+        lane reads the leases of all calls waiting there at once; the read starts after this guard
+        was queued, so a takeover committed before the call asked fences it."""
+        guard.attempt()
+        await (_SQLITE_GUARDS if guard.store.dialect == "sqlite" else _GUARDS).check(guard)
+        guard.attempt()  # abandoned while its lease was read: still nothing leaves
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         if not isinstance(name, str) or not name:
@@ -276,23 +328,24 @@ class DurableExecution:
 
 
 class _GuardLane:
-    """Runs async calls' guards on a few threads of its own and hands the verdicts back in batches.
+    """Checks async calls' leases on a few threads of its own and hands the verdicts back in batches.
 
     A thread hop per guard through the loop's default executor costs the event loop more than the
     guard's own read (a concurrent future, its asyncio twin and a wake-up each). Here a guard costs
-    the loop one future and a queue put; a worker runs every guard queued, then wakes each loop
-    once for all of its verdicts. Each caller still waits for its own guard, so nothing leaves the
-    process, and nothing is journaled, before its guard has passed.
+    the loop one future and a queue put; a worker takes every guard queued, reads the current lease
+    tokens of all their runs in one statement per store, then wakes each loop once for all of its
+    verdicts. Each caller still waits for its own verdict, so nothing leaves the process before its
+    lease was found current by a read that started after it asked.
     """
 
     def __init__(self, workers: int = 2) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], asyncio.AbstractEventLoop, asyncio.Future]] = \
+        self._queue: queue.SimpleQueue[tuple[CallGuard, asyncio.AbstractEventLoop, asyncio.Future]] = \
             queue.SimpleQueue()
         self._workers = workers
         self._started = 0
         self._lock = threading.Lock()
 
-    def check(self, guard: Callable[[], None]) -> asyncio.Future:
+    def check(self, guard: CallGuard) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if self._started < self._workers:
@@ -312,12 +365,7 @@ class _GuardLane:
                 except queue.Empty:
                     break
             verdicts: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, BaseException | None]]] = {}
-            for guard, loop, future in batch:
-                try:
-                    guard()
-                    error: BaseException | None = None
-                except BaseException as exc:  # noqa: BLE001 (handed to the caller)
-                    error = exc
+            for (_, loop, future), error in zip(batch, _lease_verdicts([guard for guard, _, _ in batch])):
                 verdicts.setdefault(loop, []).append((future, error))
             for loop, settled in verdicts.items():
                 try:
@@ -330,6 +378,27 @@ class _GuardLane:
         self._queue = queue.SimpleQueue()
         self._started = 0
         self._lock = threading.Lock()
+
+
+def _lease_verdicts(guards: list[CallGuard]) -> list[BaseException | None]:
+    """Each guard's verdict on its lease, in order: one read of the current tokens per store for
+    all the runs of ``guards``. A read that fails is every one of its callers' error."""
+    by_store: dict[int, list[int]] = {}
+    for i, guard in enumerate(guards):
+        by_store.setdefault(id(guard.store), []).append(i)
+    verdicts: list[BaseException | None] = [None] * len(guards)
+    for indexes in by_store.values():
+        store = guards[indexes[0]].store
+        try:
+            current = store.leases.tokens([guards[i].run.run_id for i in indexes])
+        except BaseException as exc:  # noqa: BLE001 (handed to each caller)
+            for i in indexes:
+                verdicts[i] = exc
+            continue
+        for i in indexes:
+            run = guards[i].run
+            verdicts[i] = lease_verdict(run, current.get(run.run_id), store)
+    return verdicts
 
 
 def _settle(settled: list[tuple[asyncio.Future, BaseException | None]]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from compensations import Compensations, resolve_check, resolve_compensation
 from orchestrator.engine.context import StepContext, running
-from orchestrator.engine.durable import DurableExecution, Suspend
+from orchestrator.engine.durable import CallGuard, DurableExecution, Suspend
 from orchestrator.engine.code_changes import step_code
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, JournalWriter
@@ -32,7 +32,7 @@ from orchestrator.engine.views import CowDict, copy_json
 from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError, StepTimeoutError
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
-from store import FencedError, Store, StoreError
+from store import Store, StoreError
 from workflows import reducers
 from workflows.errors import RoutingError
 
@@ -129,7 +129,7 @@ class StepRunner:
                 on_key=self._key_issuer(run, name, tick, this) if step.effect else None,
                 durable=lambda: DurableExecution(self.journal, run, name, tick, signals=self.store.signals,
                                                  clock=self.clock, replay=self.replay, attempt=this,
-                                                 guard=lambda: self._guard(run, ctx), compensable=compensable))
+                                                 guard=CallGuard(ctx.guard, self.store, run), compensable=compensable))
             holder[:] = [ctx]
             # A fresh view each attempt: what an earlier attempt did to its view is gone with it.
             view = state_view(wf, run.folded.state)
@@ -313,11 +313,6 @@ class StepRunner:
             return
         raise GaveUp(name, error, data)
 
-    def _guard(self, run: ActiveRun, ctx: StepContext) -> None:
-        """Asked before a durable call leaves the process and before it is journaled."""
-        ctx.guard()
-        self.check_lease(run)
-
     def _key_issuer(self, run: ActiveRun, name: str, tick: int, attempt: int) -> Callable[[], None]:
         """Journals ``KeyIssued`` once for the attempt, before its key first leaves the process."""
         issued = threading.Event()
@@ -331,15 +326,6 @@ class StepRunner:
                     issued.set()
 
         return issue
-
-    def check_lease(self, run: ActiveRun) -> None:
-        """Before a call leaves the process: is this process still the run's owner? A process whose
-        lease was taken over learns it here, not only at its next write (invariant 6)."""
-        current = self.store.get_run(run.run_id).lease_token
-        if current != run.token:
-            raise FencedError(f"run {run.run_id!r}: the lease was taken over (token {run.token} is no longer "
-                              f"current, {current} is); no further call leaves this process",
-                              run_id=run.run_id, token=run.token, current_token=current)
 
     @staticmethod
     async def call(step: Any, ctx: StepContext, view: Any, offload: bool) -> Any:

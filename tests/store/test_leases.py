@@ -166,6 +166,30 @@ def test_renew_many_of_nothing_and_bad_ttl(store):
         store.leases.renew_many({"r1": 1}, ttl=0, now=T0)
 
 
+def test_tokens_reads_the_current_token_of_many_runs_at_once(store):
+    # Given three runs leased by w1, one since taken over by w2
+    for run_id in ("r1", "r2", "r3"):
+        new_run(store, run_id, owner="w1", ttl=30)
+    store.leases.acquire("r2", owner="w2", ttl=30, now=T0 + 30)
+    # When their tokens are read together with a run id that does not exist (and a repeated one)
+    tokens = store.leases.tokens(["r1", "r2", "r3", "ghost", "r1"])
+    # Then each existing run has its current token, the taken-over one its new token, and the missing one is absent
+    assert tokens == {"r1": 1, "r2": 2, "r3": 1}
+
+
+def test_tokens_of_many_runs_spans_several_statements_and_of_nothing_is_empty(store):
+    # Given more runs than one statement names
+    ids = [f"r{i}" for i in range(1203)]
+    for run_id in ids:
+        new_run(store, run_id, owner="w1", ttl=30)
+    store.leases.acquire("r1202", owner="w2", ttl=30, now=T0 + 30)
+    # When their tokens are read at once
+    tokens = store.leases.tokens(ids)
+    # Then every run is answered, the last one (in the last chunk) with its new token
+    assert len(tokens) == 1203 and tokens["r1202"] == 2 and tokens["r0"] == 1
+    assert store.leases.tokens([]) == {}
+
+
 def wait_until_renewal_waits_on_a_lock(libpq: str) -> None:
     """Readiness, not timing: poll Postgres until a lease renewal is waiting for a row lock."""
     import time

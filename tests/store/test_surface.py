@@ -15,7 +15,7 @@ STORE_METHODS = {
     "snapshots", "snapshot", "snapshot_catalog", "mark_snapshot", "prune_snapshots", "delete_runs", "info", "close", "url", "dialect",
 }
 PARTS = {
-    "leases": {"acquire", "renew", "renew_many", "release"},
+    "leases": {"acquire", "renew", "renew_many", "release", "tokens"},
     "queues": {"claim", "claim_some", "claim_from", "in_flight"},
     "wakeups": {"park", "wake", "next_due", "listener"},
     "signals": {"send", "pending", "consume"},
