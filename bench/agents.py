@@ -1,7 +1,7 @@
 """Many agents at once (issue 13): N concurrent runs x 8 steps, each step one call to a model server.
 
     python bench/agents.py            # full: N = 10, 100, 1,000; 3 repetitions; SQLite and Postgres
-    python bench/agents.py --quick    # smoke: N = 10, 20; one repetition; short conversation
+    python bench/agents.py --quick    # smoke: N = 10; one repetition; short conversation
     python bench/agents.py --n 1000 --reps 1 --ops floor,plain   # a slice
 
 The model is a fake OpenAI-compatible server in a process of its own (``_model_server.py``): each
@@ -45,7 +45,7 @@ from _floor import (
 from _report import HERE, child_env, fmt_num, fmt_summary, machine, table, tail
 
 FULL = {"ns": [10, 100, 1000], "steps": 8, "reps": 3, "conversation": 1000, "startup_reps": 7}
-QUICK = {"ns": [10, 20], "steps": 8, "reps": 1, "conversation": 60, "startup_reps": 2}
+QUICK = {"ns": [10], "steps": 8, "reps": 1, "conversation": 40, "startup_reps": 1}
 TARGETS = {"plain_ratio_sqlite": 2.0, "plain_ratio_pg": 2.5, "llm_vs_plain": 1.3, "conversation_growth": 1.10}
 OPS = ("floor", "plain", "llm")
 CHILD = os.path.join(HERE, "_agents_child.py")

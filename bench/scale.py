@@ -17,7 +17,7 @@ configuration on a fresh schema. How each number is made:
   run's ``created_at`` to its ``Resumed`` event (NOTIFY, claim, restore, first commit).
 - **recovery**: worker A (lease L s) drives runs of thirty 0.1 s steps, worker B waits idle; A is
   SIGKILLed; the time until each of A's runs has its next event (B's ``Resumed``). Target: <= L + 1.
-- **idle CPU**: CPU seconds one worker with nothing to do uses over 10 s (3 s in --quick, scaled).
+- **idle CPU**: CPU seconds one worker with nothing to do uses over 10 s (1.5 s in --quick, scaled).
 
 Prints the tables, then one JSON object as the last line.
 """
@@ -40,8 +40,8 @@ from _report import ROOT, child_env, fmt_num, machine, table  # noqa: E402
 
 FULL = {"workers": [1, 2, 4], "runs": 2000, "dbos_workers": [1, 2, 4], "dbos_runs": 400, "concurrency": 8,
         "latency_runs": 30, "recovery_runs": 4, "lease": 2.0, "idle_s": 10.0}
-QUICK = {"workers": [1, 2, 4], "runs": 300, "dbos_workers": [1], "dbos_runs": 100, "concurrency": 8,
-         "latency_runs": 10, "recovery_runs": 2, "lease": 2.0, "idle_s": 3.0}
+QUICK = {"workers": [1, 2], "runs": 120, "dbos_workers": [1], "dbos_runs": 60, "concurrency": 8,
+         "latency_runs": 5, "recovery_runs": 1, "lease": 2.0, "idle_s": 1.5}
 TEN = "bench/_scale_flows.py:ten"
 SLEEPY = "bench/_scale_flows.py:sleepy"
 DBOS_HOLD = 6.0  # seconds (plus 2 per process) DBOS's enqueued workflows wait: its workers launch meanwhile
