@@ -9,10 +9,12 @@ never silently green in CI.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import socket
 import sqlite3
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -23,6 +25,23 @@ from urllib.parse import urlsplit
 import pytest
 
 PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
+
+#: Taken by every test for its whole run (shared), and exclusively by a test that stops the shared
+#: Postgres server: with the README's `pytest -n 2` (pytest-xdist) two tests run at once, and a
+#: server restart must not cut the other worker's connections. Any pytest session on this machine
+#: takes the same lock, so two sessions at once are kept apart the same way.
+SERVER_LOCK = os.path.join(tempfile.gettempdir(), "agentsaga-tests-server.lock")
+
+
+@pytest.fixture(autouse=True)
+def _server_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    exclusive = request.node.get_closest_marker("restarts_postgres") is not None
+    with open(SERVER_LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _mask(url: str) -> str:
@@ -41,8 +60,10 @@ def pg_base_url() -> str:
     try:
         import psycopg
 
-        with psycopg.connect(_libpq(url), connect_timeout=3):
-            pass
+        with open(SERVER_LOCK, "a+") as lock:  # not while another worker's test restarts the server
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            with psycopg.connect(_libpq(url), connect_timeout=3):
+                pass
     except Exception as exc:  # any reason at all means "no usable server"
         reason = f"{type(exc).__name__}: {str(exc).strip()}"
         if os.environ.get("CI"):

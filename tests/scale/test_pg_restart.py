@@ -20,7 +20,7 @@ from orchestrator.engine.loader import load_target
 
 from .conftest import journal_problems, target, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.restarts_postgres]
 
 
 def _cluster() -> tuple[str, str] | None:
