@@ -184,9 +184,13 @@ def test_approval_survives_sigkill_at_its_call_and_is_applied_once(db_url, tmp_p
             out, _ = run_program("approval.py", ["approve"], env, tmp_path, hold)
         ledger = service.ledger()
     # Then the run completed and the refund was made once (the call re-sent after the crash replayed)
-    assert out.strip() == "completed"
-    assert hold.calls == 1 + (k is not None)
-    assert [e["kind"] for e in ledger if e["action"] == "book"] == ["payment"]
     with Orchestrator(db_url) as orc:
-        received = [e for e in orc.history("refund") if e["kind"] == "SignalReceived"]
-        assert len(received) == 1 and orc.result("refund").state["approved"] is True
+        history, state = orc.history("refund"), orc.result("refund").state
+    # (the journal's story in each message, so a failure on a loaded machine says what happened)
+    story = [(e["kind"], *((e["data"].get("step"), e["data"].get("attempt")) if isinstance(e["data"], dict) else ()))
+             for e in history]
+    assert out.strip() == "completed", story
+    assert hold.calls == 1 + (k is not None), (hold.calls, ledger, story)
+    assert [e["kind"] for e in ledger if e["action"] == "book"] == ["payment"], (ledger, story)
+    received = [e for e in history if e["kind"] == "SignalReceived"]
+    assert len(received) == 1 and state["approved"] is True, story
