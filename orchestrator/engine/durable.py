@@ -284,6 +284,7 @@ class DurableExecution:
         guard.attempt()
         await (_SQLITE_GUARDS if guard.store.dialect == "sqlite" else _GUARDS).check(guard)
         guard.attempt()  # abandoned while its lease was read: still nothing leaves
+
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         if not isinstance(name, str) or not name:
