@@ -29,12 +29,12 @@ from .errors import (
 if TYPE_CHECKING:
     from ._api import Store
     from ._open import open_store
-    from ._schema import SCHEMA_VERSION
+    from ._version import SCHEMA_VERSION
     from ._url import default_url
 
 # The names that need SQLAlchemy are imported when first used: a process that only handles the
 # store's records and errors (``agentsaga --help``, ``import orchestrator``) starts without it.
-_LAZY = {"Store": "._api", "open_store": "._open", "SCHEMA_VERSION": "._schema", "default_url": "._url"}
+_LAZY = {"Store": "._api", "open_store": "._open", "SCHEMA_VERSION": "._version", "default_url": "._url"}
 
 
 def __getattr__(name: str) -> object:

@@ -58,7 +58,7 @@ from ._records import (
     SnapshotInfo,
     SnapshotRecord,
 )
-from ._schema import SCHEMA_VERSION, ensure_schema
+from ._version import SCHEMA_VERSION, ensure_schema
 from ._signals import Signals
 from ._slots import Slots
 from ._stats import Stats

@@ -17,7 +17,7 @@ from store import (
     default_url,
     open_store,
 )
-from store import _schema as schema_module  # the migration registry and version under test
+from store import _version as schema_module  # the migration registry and version under test
 
 # -- URLs and options (no database needed) ----------------------------------------------------
 
