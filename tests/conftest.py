@@ -31,17 +31,32 @@ PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 #: server restart must not cut the other worker's connections. Any pytest session on this machine
 #: takes the same lock, so two sessions at once are kept apart the same way.
 SERVER_LOCK = os.path.join(tempfile.gettempdir(), "agentsaga-tests-server.lock")
+#: Passed through on the way to SERVER_LOCK. flock grants a shared lock while an exclusive one
+#: waits, so a worker running test after test kept the restart test waiting for minutes; the
+#: restart test holds this gate while it waits, which stops new shared takers at the gate: it waits
+#: only for the tests already running.
+SERVER_GATE = SERVER_LOCK + ".gate"
 
 
-@pytest.fixture(autouse=True)
-def _server_share(request: pytest.FixtureRequest) -> Iterator[None]:
-    exclusive = request.node.get_closest_marker("restarts_postgres") is not None
-    with open(SERVER_LOCK, "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+@contextmanager
+def server_lock(exclusive: bool) -> Iterator[None]:
+    """SERVER_LOCK, shared or exclusive, taken through SERVER_GATE (see above)."""
+    with open(SERVER_GATE, "a+") as gate, open(SERVER_LOCK, "a+") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _server_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    with server_lock(exclusive=request.node.get_closest_marker("restarts_postgres") is not None):
+        yield
 
 
 def _mask(url: str) -> str:
@@ -60,8 +75,7 @@ def pg_base_url() -> str:
     try:
         import psycopg
 
-        with open(SERVER_LOCK, "a+") as lock:  # not while another worker's test restarts the server
-            fcntl.flock(lock, fcntl.LOCK_SH)
+        with server_lock(exclusive=False):  # not while another worker's test restarts the server
             with psycopg.connect(_libpq(url), connect_timeout=3):
                 pass
     except Exception as exc:  # any reason at all means "no usable server"
