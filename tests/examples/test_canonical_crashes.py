@@ -44,6 +44,8 @@ class Hold:
             self.calls += 1
             hold = self.calls == self.k
         if hold:
+            # (a release before the hold would let the answer reach a program still alive)
+            assert not self.released.is_set(), "the held call was released before it was held"
             self.held.set()
             assert self.released.wait(HANG), "the held call was never released"
 
@@ -71,7 +73,12 @@ def run_program(name: str, args: list[str], env: dict[str, str], cwd: Path, hold
         if hold.held.is_set():
             child.send_signal(signal.SIGKILL)
     out, err = child.communicate(timeout=HANG)
-    hold.released.set()
+    if hold.held.is_set():
+        # Only once the program that made the held call is dead. Released at the end of an earlier
+        # program (the approval's first run, which makes no call), the hold let the refund's answer
+        # through at once, and a program that journaled it before the SIGKILL landed completed the
+        # run: the re-run then had nothing to re-send (seen once in CI under two CPU burners).
+        hold.released.set()
     killed = child.returncode == -signal.SIGKILL
     assert killed or child.returncode == 0, f"{name} {args} exited {child.returncode}: {err}"
     return out, killed
