@@ -69,6 +69,7 @@ class BreakerRegistry:
 
     def __init__(self) -> None:
         self._configs: dict[str, BreakerConfig] = {}
+        self._defaults: dict[str, BreakerConfig] = {}  # config_for's undeclared names, made once each
 
     def declare(self, config: BreakerConfig | str, /, **settings: Any) -> BreakerConfig:
         """Declare ``config`` (or ``name, **settings``); declaring the same settings again is fine."""
@@ -91,7 +92,12 @@ class BreakerRegistry:
 
     def config_for(self, name: str) -> BreakerConfig:
         """The declared configuration, else the defaults under that name (a step may just name one)."""
-        return self._configs.get(name) or BreakerConfig(name=name)
+        config = self._configs.get(name) or self._defaults.get(name)
+        if config is None:
+            if len(self._defaults) >= 1024:  # names made up per call must not grow this without end
+                self._defaults.clear()
+            config = self._defaults[name] = BreakerConfig(name=name)
+        return config
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._configs))
