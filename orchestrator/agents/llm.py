@@ -71,6 +71,10 @@ _SNIPPET = 300
 #: An async call's breaker may be decided on a read of its state that began this long ago (seconds):
 #: under load a healthy breaker then costs a few reads a second, not two per call.
 BREAKER_MAX_AGE = 0.1
+#: How much longer a parsed JSON body can be when encoded again compactly than the text it came
+#: from. Only numbers grow ("1e15" is 18 characters as 1000000000000000.0); whitespace, escapes such
+#: as \u00e9 or \/ and everything else stay the same or shrink.
+_MAX_GROWTH = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +287,10 @@ class _Base:
             snippet = content[:_SNIPPET].decode("utf-8", errors="replace")
             raise PermanentToolError(f"LLM provider {self.provider} answered {response.status_code} with something "
                                      f"that is not a chat completion: {snippet!r}", tool=self._breaker_name())
-        bounded, truncated = bound_json(body, self.max_response_bytes)
+        if len(content) * _MAX_GROWTH <= self.max_response_bytes:
+            bounded, truncated = body, False  # fits: no need to encode it again to measure it
+        else:
+            bounded, truncated = bound_json(body, self.max_response_bytes)
         shaped: dict[str, Any] = {
             "body": bounded, "finish_reason": choices[0].get("finish_reason"), "usage": body.get("usage"),
             "ms": round(ms, 2), "retries": len(failures), "size": len(content), "truncated": truncated,
@@ -375,6 +382,7 @@ class AsyncLLM(_Base):
         super().__init__(**options)
         self._sleep = sleep
         self._clients = LoopClients(self.timeout)  # for calls outside an Orchestrator: one per event loop
+        self._wire_headers: list[tuple[bytes, bytes]] | None = None  # see acomplete
 
     def close(self) -> None:
         """Close the clients this model client made for calls outside an Orchestrator."""
@@ -390,16 +398,30 @@ class AsyncLLM(_Base):
         # cost an SSL context and a new connection per call.
         box = _box(ctx)
         client = box.async_client() if box is not None else self._clients.get()
+        wire = box.async_wire() if box is not None else self._clients.wire()
         tool = AsyncHttpTool(client=client, **self._tool_options(ctx, is_async=True))
-        body, headers, failures = self._body(request), self._http_headers(), []
+        body, failures = self._body(request), []
         attempts = 0
+        if wire is not None:  # straight to the loop's connections, skipping the client's per-request work
+            if self._wire_headers is None:
+                # What the client sends for this JSON POST (its default headers and ours), built
+                # once; the transport adds Host and Content-Length.
+                built = client.build_request("POST", self._url, headers=self._http_headers(), json={})
+                self._wire_headers = [(name, value) for name, value in built.headers.raw
+                                      if name.lower() not in (b"host", b"content-length")]
+            content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            send: Callable[[], Awaitable[Any]] = lambda: tool.post_direct(  # noqa: E731
+                wire, self._url, self._wire_headers, content, self.timeout)
+        else:  # through the client: a proxy from the environment applies
+            headers = self._http_headers()
+            send = lambda: tool.post(self._url, json=body, headers=headers, timeout=self.timeout)  # noqa: E731
 
         async def attempt() -> dict[str, Any]:
             nonlocal attempts
             attempts += 1
             started = time.perf_counter()
             try:
-                response = await tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
+                response = await send()
             except RetryableToolError as exc:
                 failures.append(self._failure(exc, started))
                 raise

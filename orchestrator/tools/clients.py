@@ -10,10 +10,10 @@ once (``ssl_context()``) and each ``ToolBox`` (one per Orchestrator) keeps:
   to the loop it first ran on, so every loop gets its own, reused by every run on that loop.
 
 Connections are kept alive between calls and there is no limit on connections (N runs at once
-make N calls at once; a cap would queue them behind each other). An async client's connections
-are kept in small pools (``SHARD`` calls in flight each, more pools as more calls are in flight):
-httpcore's pool does work proportional to the square of its size on every request, which at a
-thousand concurrent calls costs more CPU than the calls themselves. An async client is closed
+make N calls at once; a cap would queue them behind each other). An async client sends through
+``WireTransport`` (``orchestrator.tools.wire``): httpx's default transport costs about a
+millisecond of CPU per request at a thousand requests in flight, more than the calls themselves
+cost the engine. An async client is closed
 when its loop shuts down (``asyncio.run`` and its kin finalise the loop's async generators, and a
 parked one closes the client), or by ``close()``/``aclose()``, whichever comes first.
 """
@@ -24,6 +24,7 @@ import asyncio
 import functools
 import ssl
 import threading
+import urllib.request
 import weakref
 from collections.abc import AsyncIterator
 from http.cookiejar import CookieJar, DefaultCookiePolicy
@@ -31,7 +32,9 @@ from typing import Any
 
 import httpx
 
-__all__ = ["LoopClients", "ShardedTransport", "client_options", "no_cookies", "ssl_context"]
+from orchestrator.tools.wire import WireTransport
+
+__all__ = ["LoopClients", "client_options", "no_cookies", "ssl_context"]
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 #: no cap on connections (concurrent calls are the point); idle ones are dropped after keepalive_expiry
@@ -67,6 +70,8 @@ class LoopClients:
             weakref.WeakKeyDictionary()
         self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncIterator[None]] = \
             weakref.WeakKeyDictionary()
+        self._wires: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WireTransport | None] = \
+            weakref.WeakKeyDictionary()
         self.closed = False
 
     def get(self) -> httpx.AsyncClient:
@@ -79,15 +84,26 @@ class LoopClients:
             if client is not None and not client.is_closed:
                 return client
             options = client_options(self._timeout)
-            client = httpx.AsyncClient(timeout=options["timeout"], cookies=options["cookies"],
-                                       transport=ShardedTransport(verify=options["verify"]))
+            wire = WireTransport(verify=options["verify"],
+                                 fallback=httpx.AsyncHTTPTransport(verify=options["verify"], limits=LIMITS))
+            client = httpx.AsyncClient(timeout=options["timeout"], cookies=options["cookies"], transport=wire)
             self._clients[loop] = client
+            # Proxies from the environment are mounted on the client (read when it is made, as
+            # httpx reads them); a request that would go through one cannot skip the client.
+            self._wires[loop] = None if _env_proxies() else wire
             # Started on this loop, the generator waits at its first yield until the loop's
             # shutdown_asyncgens() finalises it, which closes the client while the loop still runs.
             closer = _close_at_shutdown(client)
             self._closers[loop] = closer
         loop.create_task(_park(closer))
         return client
+
+    def wire(self) -> WireTransport | None:
+        """The transport under the running loop's client, for a caller that sends through it
+        directly (``AsyncLLM``); None when the client routes requests through a proxy."""
+        self.get()
+        with self._lock:
+            return self._wires.get(asyncio.get_running_loop())
 
     def clients(self) -> list[httpx.AsyncClient]:
         with self._lock:
@@ -114,7 +130,13 @@ class LoopClients:
             taken = list(self._clients.items())
             self._clients.clear()
             self._closers.clear()
+            self._wires.clear()
         return taken
+
+
+def _env_proxies() -> bool:
+    """Whether the environment names a proxy httpx would mount (``HTTP(S)_PROXY``, ``ALL_PROXY``)."""
+    return any(scheme in ("http", "https", "all") for scheme in urllib.request.getproxies_environment())
 
 
 def _close_elsewhere(loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient) -> None:
@@ -144,54 +166,3 @@ async def _close_at_shutdown(client: httpx.AsyncClient) -> AsyncIterator[None]:
 
 async def _park(closer: AsyncIterator[None]) -> None:
     await closer.__anext__()  # registers the generator with the loop; it waits at its first yield
-
-
-SHARD = 4  # calls in flight per connection pool of an async client
-
-
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """An async transport made of small connection pools: each request goes to the pool with the
-    fewest calls in flight, and a new pool is opened when every pool has ``SHARD`` of them. A call
-    counts as in flight until its response is closed (read to the end, or abandoned)."""
-
-    def __init__(self, *, verify: Any = True, shard: int = SHARD) -> None:
-        self._verify = verify
-        self._shard = shard
-        self._pools: list[list[Any]] = []  # [transport, calls in flight]
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        pool = min(self._pools, key=lambda p: p[1]) if self._pools else None
-        if pool is None or pool[1] >= self._shard:
-            pool = [httpx.AsyncHTTPTransport(verify=self._verify, limits=LIMITS), 0]
-            self._pools.append(pool)
-        pool[1] += 1
-        try:
-            response = await pool[0].handle_async_request(request)
-        except BaseException:
-            pool[1] -= 1
-            raise
-        response.stream = _Counted(response.stream, pool)
-        return response
-
-    async def aclose(self) -> None:
-        pools, self._pools = self._pools, []
-        for transport, _ in pools:
-            await transport.aclose()
-
-
-class _Counted(httpx.AsyncByteStream):
-    """A response stream that gives its pool's in-flight count back once, when it is closed."""
-
-    def __init__(self, stream: Any, pool: list[Any]) -> None:
-        self._stream = stream
-        self._pool: list[Any] | None = pool
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            yield chunk
-
-    async def aclose(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool[1] -= 1
-        await self._stream.aclose()

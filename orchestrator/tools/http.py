@@ -54,7 +54,7 @@ from orchestrator.payload.redact import Redactor
 from orchestrator.tools.clients import DEFAULT_TIMEOUT, client_options
 from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError, ToolError
 
-__all__ = ["HttpTool", "AsyncHttpTool", "HttpVerbs", "parse_retry_after"]
+__all__ = ["HttpTool", "AsyncHttpTool", "DirectReply", "HttpVerbs", "parse_retry_after"]
 
 BreakerHooks = tuple[Callable[[str], Any], Callable[[str, bool], Any]]
 _SEND_OPTIONS = ("auth", "follow_redirects")  # client.send() options; the rest build the request
@@ -402,6 +402,39 @@ class AsyncHttpTool(HttpVerbs, _Base):
         assert response is not None
         return response
 
+    async def post_direct(self, wire: Any, url: httpx.URL, headers: list[tuple[bytes, bytes]], content: bytes,
+                          timeout: httpx.Timeout) -> DirectReply:
+        """POST ``content`` to ``url`` through ``wire`` (``orchestrator.tools.wire.WireTransport``)
+        without the client's layer, for a tool that journals nothing and sends no key of its own
+        (``AsyncLLM``'s): the breaker, ``before_send`` and the error mapping are ``request``'s."""
+        if self._journal is not None or self._key is not None or self._durable is not None:
+            raise RuntimeError("post_direct is for a tool without a journal, idempotency keys or durable calls")
+        name = self.breaker_name or _breaker_name(url)
+        if self._breaker is not None:
+            await _maybe_await(self._breaker[0](name))
+        if self._before_send is not None:
+            self._before_send()
+        limits = timeout.as_dict()
+        # The request as httpx would have built it, for an error's message (only a failure needs it).
+        request = lambda: httpx.Request("POST", url, headers=headers, content=content,  # noqa: E731
+                                        extensions={"timeout": limits})
+        reply: DirectReply | None = None
+        error: ToolError | None = None
+        try:
+            status, reason, raw, body = await wire.exchange(b"POST", url, headers, content, limits)
+        except httpx.HTTPError as exc:
+            error = self._error_for_exception(exc, request(), name)
+        else:
+            reply = DirectReply(status, reason, raw, body)
+            if status >= 400:
+                error = self._error_for_response(reply.response(), request(), name)
+        if self._breaker is not None:
+            await _maybe_await(self._breaker[1](name, not isinstance(error, RetryableToolError)))
+        if error is not None:
+            raise error from None
+        assert reply is not None
+        return reply
+
     async def _emit(self, record: dict[str, Any] | None) -> None:
         if self._journal is not None and record is not None:
             await _maybe_await(self._journal(record))
@@ -415,6 +448,26 @@ class AsyncHttpTool(HttpVerbs, _Base):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class DirectReply:
+    """A response read by ``AsyncHttpTool.post_direct``: ``status_code`` and ``content`` (decoded
+    as httpx decodes it when the server compressed it); ``response()`` is it as an httpx.Response."""
+
+    __slots__ = ("_raw", "content", "reason", "status_code")
+
+    def __init__(self, status: int, reason: bytes, raw: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status_code, self.reason = status, reason
+        if any(name.lower() == b"content-encoding" for name, _ in raw):
+            self.content = httpx.Response(status, headers=raw, content=body).content  # httpx's decoders
+            raw = [(n, v) for n, v in raw if n.lower() not in (b"content-encoding", b"content-length")]
+        else:
+            self.content = body
+        self._raw = raw
+
+    def response(self) -> httpx.Response:
+        return httpx.Response(self.status_code, headers=self._raw, content=self.content,
+                              extensions={"reason_phrase": self.reason, "http_version": b"HTTP/1.1"})
 
 
 # -- durable requests -------------------------------------------------------------------------------

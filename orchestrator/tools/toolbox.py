@@ -70,13 +70,20 @@ class ToolBox:
     def async_client(self) -> Any:
         """The running event loop's httpx.AsyncClient, shared by every async step on that loop
         (``ctx.ahttp``, ``AsyncLLM``): one pool of kept-alive connections per loop."""
+        return self._loop_clients().get()
+
+    def async_wire(self) -> Any:
+        """The transport under ``async_client()`` (``orchestrator.tools.wire.WireTransport``), for
+        ``AsyncLLM``'s calls, which skip the client's layer; None when requests go through a proxy."""
+        return self._loop_clients().wire()
+
+    def _loop_clients(self) -> Any:
         with self._lock:
             if self._aclients is None:
                 from orchestrator.tools.clients import LoopClients
 
                 self._aclients = LoopClients()
-            clients = self._aclients
-        return clients.get()
+            return self._aclients
 
     def close(self) -> None:
         with self._lock:

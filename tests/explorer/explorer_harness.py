@@ -8,7 +8,8 @@ A *process* here is one ``Orchestrator`` with a store of its own (its own connec
   ``signals.send``/``consume``, breaker and slot writes, queue claims...);
 - before every outgoing HTTP request leaves (``send``) and after the service answered but before
   anything was journaled about it (``sent``), for ``ctx.http``, tool calls and model calls alike
-  (httpx's transports are wrapped while a process is current).
+  (httpx's transports and the async client's ``WireTransport``, including the direct path
+  ``AsyncLLM`` takes, are wrapped while a process is current).
 
 A ``Plan`` says what happens at point ``k``: the process *dies* (``ProcessDied``, a
 ``BaseException`` no user code catches; every later write, request or ledger entry of that
@@ -44,6 +45,7 @@ import httpx._transports.default as _httpx_default
 from orchestrator import Orchestrator, RunResult
 from orchestrator.engine import TERMINAL_STATUSES
 from orchestrator.testing import BookingService, FakeClock
+from orchestrator.tools.wire import WireTransport
 from store import ConflictError, RunNotFoundError, StoreUnavailableError, open_store
 
 T0 = 1_800_000_000.0
@@ -349,6 +351,9 @@ _http_depth = 0
 _REAL_SYNC = httpx.HTTPTransport.handle_request
 _REAL_ASYNC = httpx.AsyncHTTPTransport.handle_async_request
 _REAL_SSL = _httpx_default.create_ssl_context
+# The shared async client's own transport, and the direct path AsyncLLM takes through it.
+_REAL_WIRE = WireTransport.handle_async_request
+_REAL_EXCHANGE = WireTransport.exchange
 _ssl_contexts: dict[str, Any] = {}
 
 
@@ -365,11 +370,15 @@ def _shared_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = 
 def _request_label(process: Process, request: httpx.Request) -> str:
     """``POST /flights``; for a group's runs, the endpoint and the query that names the run
     (``DELETE /cars?run=r2``: a booking's id depends on how the runs interleaved, the run does not)."""
+    return _label_for(process, request.method, request.url)
+
+
+def _label_for(process: Process, method: str, url: httpx.URL) -> str:
     if not process.tag_runs:
-        return f"{request.method} {request.url.path}"
-    endpoint = "/" + request.url.path.strip("/").split("/")[0]
-    query = request.url.query.decode()
-    return f"{request.method} {endpoint}" + (f"?{query}" if query else "")
+        return f"{method} {url.path}"
+    endpoint = "/" + url.path.strip("/").split("/")[0]
+    query = url.query.decode()
+    return f"{method} {endpoint}" + (f"?{query}" if query else "")
 
 
 def _sync_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
@@ -384,16 +393,39 @@ def _sync_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Re
     return response
 
 
-async def _async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+def _async_points(real: Callable[..., Any], passes_on: Callable[[Any, httpx.Request], bool] | None = None
+                  ) -> Callable[..., Any]:
+    """An async transport's ``handle_async_request`` with the send/sent points around ``real``;
+    a request ``passes_on`` says the transport hands to another one is counted there instead."""
+
+    async def request_with_points(self: Any, request: httpx.Request) -> httpx.Response:
+        process = CURRENT.get()
+        if process is None or (passes_on is not None and passes_on(self, request)):
+            return await real(self, request)
+        label = _request_label(process, request)
+        process.point(f"send {label}")
+        response = await real(self, request)
+        await response.aread()
+        process.point(f"sent {label}")
+        return response
+
+    return request_with_points
+
+
+_async_request = _async_points(_REAL_ASYNC)
+# (WireTransport hands HEAD, streamed uploads and upgrades to httpx's transport, which counts them)
+_wire_request = _async_points(_REAL_WIRE, lambda transport, request: not transport._ours(request))
+
+
+async def _wire_exchange(self: WireTransport, method: bytes, url: httpx.URL, *args: Any) -> Any:
     process = CURRENT.get()
     if process is None:
-        return await _REAL_ASYNC(self, request)
-    label = _request_label(process, request)
+        return await _REAL_EXCHANGE(self, method, url, *args)
+    label = _label_for(process, method.decode(), url)
     process.point(f"send {label}")
-    response = await _REAL_ASYNC(self, request)
-    await response.aread()
+    reply = await _REAL_EXCHANGE(self, method, url, *args)
     process.point(f"sent {label}")
-    return response
+    return reply
 
 
 @contextlib.contextmanager
@@ -404,6 +436,8 @@ def outgoing_calls_instrumented() -> Iterator[None]:
         _http_depth += 1
         httpx.HTTPTransport.handle_request = _sync_request  # type: ignore[method-assign]
         httpx.AsyncHTTPTransport.handle_async_request = _async_request  # type: ignore[method-assign]
+        WireTransport.handle_async_request = _wire_request  # type: ignore[method-assign]
+        WireTransport.exchange = _wire_exchange  # type: ignore[method-assign]
         _httpx_default.create_ssl_context = _shared_ssl_context
     try:
         yield
@@ -413,6 +447,8 @@ def outgoing_calls_instrumented() -> Iterator[None]:
             if _http_depth == 0:
                 httpx.HTTPTransport.handle_request = _REAL_SYNC  # type: ignore[method-assign]
                 httpx.AsyncHTTPTransport.handle_async_request = _REAL_ASYNC  # type: ignore[method-assign]
+                WireTransport.handle_async_request = _REAL_WIRE  # type: ignore[method-assign]
+                WireTransport.exchange = _REAL_EXCHANGE  # type: ignore[method-assign]
                 _httpx_default.create_ssl_context = _REAL_SSL
 
 

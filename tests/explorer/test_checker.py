@@ -13,6 +13,8 @@ import dataclasses
 import uuid
 from types import SimpleNamespace
 
+import pytest
+
 from explorer_flows import FLOWS, Flow
 from explorer_harness import (
     CURRENT,
@@ -45,13 +47,35 @@ class Careless(Flow):
         self.workflow = wf
 
 
-def test_a_booking_repeated_by_a_resumed_run_is_reported(db_url):
-    # Given the careless flow's reference run and its crash points
+class CarelessAsync(Flow):
+    """The same mistake in an async step, through ``ctx.ahttp`` (the shared async client's transport)."""
+
+    status = "completed"
+
+    def __init__(self, world) -> None:
+        wf = Workflow("careless-async", version="1")
+
+        @wf.step(start=True, effect=True, resend=True)
+        async def book(ctx, state):
+            world.executed(ctx)
+            headers = {"Idempotency-Key": uuid.uuid4().hex}
+            booked = await ctx.ahttp.post(f"{world.api}/cars", json={"car": "van"}, headers=headers)
+            return {"car": booked.json()["id"]}
+
+        wf.edge("book", END)
+        self.workflow = wf
+
+
+@pytest.mark.parametrize("flow", [Careless, CarelessAsync], ids=["ctx.http", "ctx.ahttp"])
+def test_a_booking_repeated_by_a_resumed_run_is_reported(db_url, flow):
+    # Given the careless flow's reference run and its crash points (its request passes them,
+    # whichever client sends it)
     with outgoing_calls_instrumented():
-        reference = explore(Careless, db_url, "careless-reference", Plan())
+        reference = explore(flow, db_url, "careless-reference", Plan())
+        assert "send POST /cars" in reference.points and "sent POST /cars" in reference.points
         sent = reference.points.index("sent POST /cars") + 1
         # When the process dies after the service booked, before the answer was journaled
-        outcome = explore(Careless, db_url, "careless-crash", Plan(at=sent))
+        outcome = explore(flow, db_url, "careless-crash", Plan(at=sent))
     # Then the check names the booking that took effect twice
     problems = check(outcome, reference)
     assert any('car {"car": "van"} took effect 2 times' in p for p in problems), problems
