@@ -246,6 +246,10 @@ def _fenced(process: Process, real: Callable[..., Any]) -> Callable[..., Any]:
 def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[..., Any]:
     def write(*args: Any, **kwargs: Any) -> Any:
         label, items = _label(op, args, kwargs, process.tag_runs)
+        # What a ``behind`` fault waits past, counted before its point is passed: the point is what
+        # lets the sibling branch go on to queue its append, and on a loaded machine that can happen
+        # before this thread reaches the wait.
+        queued = _queued(process, op)
         k = process.point(f"before {label}", tuple(f"before {item}" for item in items) or None)
         fault = process.fault_here(k)
         if fault is not None and op in ("append", "append_many"):
@@ -255,7 +259,7 @@ def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[...,
         if fault == "raise":
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k})")
         if fault == "behind":
-            process.behind = _wait_for_one_behind(process, op)
+            process.behind = _wait_for_one_behind(process, queued)
             raise StoreUnavailableError(f"explorer: the database went away before {label} (point {k}), "
                                         "with a later append of its run queued behind it")
         if fault in ("item", "fence") and op not in ("append", "append_many"):
@@ -279,14 +283,27 @@ def _write(process: Process, op: str, real: Callable[..., Any]) -> Callable[...,
 BEHIND_WAIT = 30.0
 
 
-def _wait_for_one_behind(process: Process, op: str) -> bool:
-    """Hold the lane's write until the targeted run queues another append behind it."""
-    if op != "append_many" or process.plan.target is None:
-        return False  # not the lane's write: nothing can queue behind it while it is held
-    tag = process.plan.target.split(" ")[1]
+def _queued(process: Process, op: str) -> int | None:
+    """How many appends the targeted run has handed to the group committer so far, if ``op`` is a
+    group write a ``behind`` fault could hold (None otherwise)."""
+    if process.plan.what != "behind" or op != "append_many" or process.plan.target is None:
+        return None  # not the lane's write: nothing can queue behind it while it is held
     with process.queued_changed:
-        now = process.queued[tag]
-        return process.queued_changed.wait_for(lambda: process.queued[tag] > now, timeout=BEHIND_WAIT)
+        return process.queued[_target_tag(process)]
+
+
+def _target_tag(process: Process) -> str:
+    return process.plan.target.split(" ")[1]
+
+
+def _wait_for_one_behind(process: Process, queued: int | None) -> bool:
+    """Hold the lane's write until the targeted run has queued another append since ``queued`` was
+    counted (just before the write's point was passed)."""
+    if queued is None:
+        return False
+    tag = _target_tag(process)
+    with process.queued_changed:
+        return process.queued_changed.wait_for(lambda: process.queued[tag] > queued, timeout=BEHIND_WAIT)
 
 
 def watch_committer(orc: Orchestrator, process: Process) -> None:
