@@ -43,6 +43,22 @@ def running(ctx: "StepContext") -> Iterator[None]:
         _CURRENT.reset(token)
 
 
+class _Abandoned:
+    """Whether one step attempt was abandoned, and the check its outgoing calls make."""
+
+    __slots__ = ("step", "attempt", "revoked")
+
+    def __init__(self, step: str, attempt: int) -> None:
+        self.step, self.attempt, self.revoked = step, attempt, False
+
+    def guard(self) -> None:
+        if self.revoked:
+            from orchestrator.errors import StepTimeoutError
+
+            raise StepTimeoutError(f"step {self.step!r} attempt {self.attempt} timed out and was abandoned: nothing it "
+                                   "does after that reaches the journal or leaves the process")
+
+
 class StepContext:
     """Passed to every step as ``ctx``.
 
@@ -66,7 +82,7 @@ class StepContext:
     # __weakref__: an integration may keep per-execution state keyed by the context (weakly, so it
     # goes with the step execution).
     __slots__ = ("run_id", "workflow", "step", "attempt", "tick", "failure", "_key", "_on_key", "_log", "_trace",
-                 "_clock", "_t0", "_tools", "_make_tools", "_durable", "_revoked", "__weakref__")
+                 "_clock", "_t0", "_tools", "_make_tools", "_durable", "_abandoned", "__weakref__")
 
     def __init__(
         self,
@@ -80,7 +96,7 @@ class StepContext:
         failure: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         tools: ToolsForSteps | None = None,
-        durable: Callable[[], DurableCalls] | None = None,
+        durable: Callable[[StepContext], DurableCalls] | None = None,
         on_key: Callable[[], None] | None = None,
     ) -> None:
         self.run_id = run_id
@@ -92,7 +108,10 @@ class StepContext:
         self._key = idempotency_key
         #: told when the key may leave the process (read, or sent by ctx.http): an effect journals it
         self._on_key = on_key
-        self._revoked = False
+        # What the tools and durable calls this context makes are handed (``guard``, the key's hook)
+        # holds no reference back to it: each step's context is freed when the step ends, not left
+        # to the garbage collector as a cycle with the run it reaches.
+        self._abandoned = _Abandoned(step, attempt)
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._tools: StepTools | None = None  # made on first use of ctx.http / ctx.ahttp / ctx.tools
         self._make_tools = tools
@@ -133,15 +152,12 @@ class StepContext:
     def revoke(self) -> None:
         """This attempt was abandoned (it timed out): nothing it does may reach the journal or leave
         the process any more (see ``guard``)."""
-        self._revoked = True
+        self._abandoned.revoked = True
 
-    def guard(self) -> None:
-        """Raise ``StepTimeoutError`` if this attempt was abandoned."""
-        if self._revoked:
-            from orchestrator.errors import StepTimeoutError
-
-            raise StepTimeoutError(f"step {self.step!r} attempt {self.attempt} timed out and was abandoned: nothing it "
-                                   "does after that reaches the journal or leaves the process")
+    @property
+    def guard(self) -> Callable[[], None]:
+        """``guard()`` raises ``StepTimeoutError`` if this attempt was abandoned."""
+        return self._abandoned.guard
 
     @property
     def tools(self) -> StepTools:
@@ -151,8 +167,9 @@ class StepContext:
                 raise RuntimeError(f"step {self.step!r}: tools (ctx.http, model calls) are only available inside a "
                                    "step run by an Orchestrator")
             durable = self._durable_calls() if self._durable is not None else None
-            self._tools = self._make_tools.for_step(key=self._key, attempt=self.attempt, durable=durable,
-                                                    on_key=self.key_sent, before_send=self.guard)
+            self._tools = self._make_tools.for_step(
+                key=self._key, attempt=self.attempt, durable=durable,
+                on_key=self._on_key if self._key is not None else None, before_send=self.guard)
         return self._tools
 
     @property
@@ -175,7 +192,7 @@ class StepContext:
         if durable is None:
             raise RuntimeError(f"ctx.{what} is only available inside a step run by an Orchestrator")
         if callable(durable):  # built on first use
-            durable = self._durable = durable()
+            durable = self._durable = durable(self)
         return durable
 
     def durable_call(self, kind: str, request: Any, perform: Any, *, if_changed: str = "raise",

@@ -127,9 +127,12 @@ class StepRunner:
                 run_id=run.run_id, workflow=wf.name, step=name, attempt=this, tick=tick, clock=self.clock,
                 failure=failure, idempotency_key=key, tools=self.tools,
                 on_key=self._key_issuer(run, name, tick, this) if step.effect else None,
-                durable=lambda: DurableExecution(self.journal, run, name, tick, signals=self.store.signals,
-                                                 clock=self.clock, replay=self.replay, attempt=this,
-                                                 guard=CallGuard(ctx.guard, self.store, run), compensable=compensable))
+                # Given the context when first used: a closure over ``ctx`` would be a reference
+                # cycle per step, left to the garbage collector with the run it holds.
+                durable=lambda ctx: DurableExecution(self.journal, run, name, tick, signals=self.store.signals,
+                                                     clock=self.clock, replay=self.replay, attempt=this,
+                                                     guard=CallGuard(ctx.guard, self.store, run),
+                                                     compensable=compensable))
             holder[:] = [ctx]
             # A fresh view each attempt: what an earlier attempt did to its view is gone with it.
             view = state_view(wf, run.folded.state)
