@@ -9,8 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -33,14 +32,20 @@ def current_step() -> "StepContext | None":
     return _CURRENT.get()
 
 
-@contextmanager
-def running(ctx: "StepContext") -> Iterator[None]:
-    """Make ``ctx`` the current step for the code inside (what the step runner does)."""
-    token = _CURRENT.set(ctx)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
+class running:
+    """``with running(ctx):`` makes ``ctx`` the current step for the code inside (what the step
+    runner does). A class rather than a generator: it is held by every step while it waits."""
+
+    __slots__ = ("ctx", "token")
+
+    def __init__(self, ctx: "StepContext") -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        self.token = _CURRENT.set(self.ctx)
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.reset(self.token)
 
 
 class _Abandoned:

@@ -75,6 +75,10 @@ class Driver:
             except (GaveUp, Suspend) as stopped:
                 return [stopped]
             return [None]
+        return await self._parallel(run, pending)
+
+    async def _parallel(self, run: ActiveRun, pending: list[str]) -> list[BaseException | None]:
+        # (Apart from _tick: the generator below makes ``run`` a closure cell, held by every waiting step.)
         results = await asyncio.gather(*(self.steps.run(run, name, offload=True) for name in pending),
                                        return_exceptions=True)
         # Anything but a step giving up or waiting (fencing, the store, cancellation) stops the drive.

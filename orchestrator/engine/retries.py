@@ -50,18 +50,25 @@ class _PolicyWait(wait_base):
         return delay
 
 
-async def attempts(once: Callable[[], Awaitable[Any]], policy: Retry, *, prior: int, rng: random.Random,
-                   sleep: Callable[[float], Awaitable[None]],
-                   on_retry: Callable[[BaseException | None, float], None]) -> Any:
-    """Call ``once`` until it succeeds or the policy gives up (then its last error is raised).
+def attempts(once: Callable[[], Awaitable[Any]], policy: Retry, *, prior: int, rng: random.Random,
+             sleep: Callable[[float], Awaitable[None]],
+             on_retry: Callable[[BaseException | None, float], None]) -> Awaitable[Any]:
+    """Call ``once`` until it succeeds or the policy gives up (then its last error is raised); await
+    what this returns.
 
     ``prior`` attempts were journaled before (by this or a crashed process); ``on_retry(error,
     delay)`` journals a failed attempt before the engine sleeps ``delay`` seconds.
     """
     remaining = policy.attempts - prior
     if remaining <= 1:
-        return await once()
+        return once()  # the last attempt (the default policy's only one): no retry loop around it
+    return _retrying(once, policy, prior, remaining, rng=rng, sleep=sleep, on_retry=on_retry)
 
+
+async def _retrying(once: Callable[[], Awaitable[Any]], policy: Retry, prior: int, remaining: int, *,
+                    rng: random.Random,
+                    sleep: Callable[[float], Awaitable[None]],
+                    on_retry: Callable[[BaseException | None, float], None]) -> Any:
     async def before_sleep(state: RetryCallState) -> None:
         on_retry(state.outcome.exception() if state.outcome else None, state.upcoming_sleep)
 

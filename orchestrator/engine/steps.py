@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import threading
 import random
@@ -105,60 +106,11 @@ class StepRunner:
         if due is not None and due > self.clock():
             # A backoff journaled before a crash (a server's Retry-After included) still holds.
             await self.sleep(due - self.clock())
-        attempt = prior
-        holder: list[StepContext] = []
-
-        async def attempt_once() -> Any:
-            nonlocal attempt
-            if step.effect and attempt > prior and run.folded.in_flight.get(name, {}).get("in_doubt"):
-                # The previous attempt timed out with its effect in doubt: settle it before another.
-                if await self.reconcile(run, name, key):
-                    raise _Settled
-            attempt += 1
-            this = attempt
-            if step.journals_start:
-                # Intent before effect, for every attempt (invariant 4): a crash during a retry finds
-                # this attempt in flight and reconciles it; it is never re-sent blindly.
-                started: dict[str, Any] = {"step": name, "tick": tick, "attempt": this, "input": input_ref}
-                if step.effect:
-                    started["key"] = key
-                await self.journal.acommit(run, [(EventKind.STEP_STARTED, started)])
-            ctx = StepContext(
-                run_id=run.run_id, workflow=wf.name, step=name, attempt=this, tick=tick, clock=self.clock,
-                failure=failure, idempotency_key=key, tools=self.tools,
-                on_key=self._key_issuer(run, name, tick, this) if step.effect else None,
-                # Given the context when first used: a closure over ``ctx`` would be a reference
-                # cycle per step, left to the garbage collector with the run it holds.
-                durable=lambda ctx: DurableExecution(self.journal, run, name, tick, signals=self.store.signals,
-                                                     clock=self.clock, replay=self.replay, attempt=this,
-                                                     guard=CallGuard(ctx.guard, self.store, run),
-                                                     compensable=compensable))
-            holder[:] = [ctx]
-            # A fresh view each attempt: what an earlier attempt did to its view is gone with it.
-            view = state_view(wf, run.folded.state)
-            try:
-                if step.breaker is None:
-                    return await self.call(step, ctx, view, offload)
-                return await ctx.tools.guard(step.breaker, lambda: self.call(step, ctx, view, offload))
-            finally:
-                if ctx.used_tools is not None:
-                    await ctx.used_tools.aclose()
-
-        def journal_retry(exc: BaseException | None, delay: float) -> None:
-            data = {
-                "step": name, "tick": tick, "attempt": attempt,
-                "error": error_record(exc) if exc else {"type": "unknown", "message": ""},
-                "retry_in": round(delay, 6), "retry_at": round(self.clock() + delay, 6), "final": False,
-            }
-            if step.journals_start and isinstance(exc, StepTimeoutError):
-                data["in_doubt"] = True
-            _add_records(data, holder)
-            self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
-
+        execution = _Execution(self, run, name, tick, prior, key, input_ref, failure, compensable, offload)
         started_at = time.perf_counter()
         try:
-            result = await attempts(attempt_once, step.retry, prior=prior, rng=self.rng, sleep=self.sleep,
-                                    on_retry=journal_retry)
+            result = await attempts(execution.attempt_once, step.retry, prior=prior, rng=self.rng, sleep=self.sleep,
+                                    on_retry=execution.journal_retry)
         except _Settled:
             return  # the in-doubt attempt was found done: its completion is journaled
         except Suspend as suspend:
@@ -170,10 +122,11 @@ class StepRunner:
         except (StoreError, asyncio.CancelledError, GaveUp):
             raise  # the journal is unreachable or the lease is gone (or the step gave up already)
         except Exception as exc:
-            self.fail(run, name, attempt, exc, records=holder)
+            self.fail(run, name, execution.attempt, exc, ctx=execution.ctx)
             return
+        attempt = execution.attempt
         ms = round((time.perf_counter() - started_at) * 1000, 3)
-        ctx = holder[0]
+        ctx = execution.ctx
         try:
             update = wf.normalise_update(name, result)
             next_steps = self.route(run, name, update)
@@ -188,7 +141,7 @@ class StepRunner:
         traces = ctx.traces
         if traces:
             data["trace"] = traces
-        _add_records(data, holder)
+        _add_records(data, ctx)
         joins = wf.join_targets(name)
         if joins:
             data["join"] = joins
@@ -300,7 +253,7 @@ class StepRunner:
             raise _Permanent(RoutingError(f"router of step {name!r} raised {type(exc).__name__}: {exc}", step=name)) from exc
 
     def fail(self, run: ActiveRun, name: str, attempt: int, exc: BaseException,
-             records: list[StepContext] | None = None) -> None:
+             ctx: StepContext | None = None) -> None:
         """Journal a final failure; follow the failure route if the step has one, else give up."""
         step = run.workflow.steps[name]
         error = error_record(exc)
@@ -308,8 +261,7 @@ class StepRunner:
                                 "retry_in": None, "final": True}
         if step.journals_start and isinstance(exc, StepTimeoutError):
             data["in_doubt"] = True
-        if records:
-            _add_records(data, records)
+        _add_records(data, ctx)
         if step.on_failure:
             data["route"] = step.on_failure
             self.journal.commit(run, [(EventKind.STEP_FAILED, data)])
@@ -351,6 +303,81 @@ class StepRunner:
                 return await asyncio.to_thread(step.fn, ctx, view)
             return await with_timeout(_on_daemon_thread(step.fn, ctx, view, name=step.name), timeout, step.name,
                                       on_timeout=ctx.revoke)
+
+
+class _Execution:
+    """One execution of a step, across its attempts: what ``StepRunner.run`` hands the retry loop.
+
+    A class, not closures over ``run``'s locals: a thousand runs each wait in a step at once, and
+    every object a waiting step holds is one more for the garbage collector to walk."""
+
+    __slots__ = ("runner", "run", "name", "step", "tick", "prior", "key", "input_ref", "failure", "compensable",
+                 "offload", "attempt", "ctx")
+
+    def __init__(self, runner: StepRunner, run: ActiveRun, name: str, tick: int, prior: int, key: str,
+                 input_ref: dict[str, Any], failure: dict[str, Any] | None, compensable: bool, offload: bool) -> None:
+        self.runner, self.run, self.name, self.tick, self.offload = runner, run, name, tick, offload
+        self.step = run.workflow.steps[name]
+        self.prior, self.key, self.input_ref, self.failure, self.compensable = prior, key, input_ref, failure, compensable
+        self.attempt = prior
+        #: the context of the latest attempt (its traces and tool calls go into the step's event)
+        self.ctx: StepContext | None = None
+
+    async def attempt_once(self) -> Any:
+        runner, run, name, step = self.runner, self.run, self.name, self.step
+        if step.effect and self.attempt > self.prior and run.folded.in_flight.get(name, {}).get("in_doubt"):
+            # The previous attempt timed out with its effect in doubt: settle it before another.
+            if await runner.reconcile(run, name, self.key):
+                raise _Settled
+        self.attempt += 1
+        this = self.attempt
+        if step.journals_start:
+            # Intent before effect, for every attempt (invariant 4): a crash during a retry finds
+            # this attempt in flight and reconciles it; it is never re-sent blindly.
+            started: dict[str, Any] = {"step": name, "tick": self.tick, "attempt": this, "input": self.input_ref}
+            if step.effect:
+                started["key"] = self.key
+            await runner.journal.acommit(run, [(EventKind.STEP_STARTED, started)])
+        ctx = self.ctx = StepContext(
+            run_id=run.run_id, workflow=run.workflow.name, step=name, attempt=this, tick=self.tick,
+            clock=runner.clock, failure=self.failure, idempotency_key=self.key, tools=runner.tools,
+            on_key=runner._key_issuer(run, name, self.tick, this) if step.effect else None,
+            # Not a method of this execution, which holds the context: that would be a cycle.
+            durable=functools.partial(_durable_calls, runner, run, name, self.tick, self.compensable))
+        # A fresh view each attempt: what an earlier attempt did to its view is gone with it.
+        view = state_view(run.workflow, run.folded.state)
+        try:
+            if step.breaker is None:
+                return await runner.call(step, ctx, view, self.offload)
+            return await self._behind_breaker(ctx, view)
+        finally:
+            if ctx.used_tools is not None:
+                await ctx.used_tools.aclose()
+
+    async def _behind_breaker(self, ctx: StepContext, view: Any) -> Any:
+        # (Apart from attempt_once: the lambda makes closure cells of its locals, every attempt.)
+        step, runner = self.step, self.runner
+        return await ctx.tools.guard(step.breaker, lambda: runner.call(step, ctx, view, self.offload))
+
+    def journal_retry(self, exc: BaseException | None, delay: float) -> None:
+        runner = self.runner
+        data = {
+            "step": self.name, "tick": self.tick, "attempt": self.attempt,
+            "error": error_record(exc) if exc else {"type": "unknown", "message": ""},
+            "retry_in": round(delay, 6), "retry_at": round(runner.clock() + delay, 6), "final": False,
+        }
+        if self.step.journals_start and isinstance(exc, StepTimeoutError):
+            data["in_doubt"] = True
+        _add_records(data, self.ctx)
+        runner.journal.commit(self.run, [(EventKind.STEP_FAILED, data)])
+
+
+def _durable_calls(runner: StepRunner, run: ActiveRun, name: str, tick: int, compensable: bool,
+                   ctx: StepContext) -> DurableExecution:
+    """An attempt's durable calls, signals and timers (made on the first use of one)."""
+    return DurableExecution(runner.journal, run, name, tick, signals=runner.store.signals, clock=runner.clock,
+                            replay=runner.replay, attempt=ctx.attempt, guard=CallGuard(ctx.guard, runner.store, run),
+                            compensable=compensable)
 
 
 def _on_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Awaitable[Any]:
@@ -422,9 +449,9 @@ def idempotency_key(run: ActiveRun, name: str) -> str:
     return base if run.folded.epoch == 0 else f"{base}:{run.folded.epoch}"
 
 
-def _add_records(data: dict[str, Any], holder: list[StepContext]) -> None:
+def _add_records(data: dict[str, Any], ctx: StepContext | None) -> None:
     """The attempt's tool calls and breaker transitions go into its journal event."""
-    tools = holder[0].used_tools if holder else None
+    tools = ctx.used_tools if ctx is not None else None
     if tools is None:
         return
     if tools.calls:
