@@ -401,7 +401,6 @@ class AsyncLLM(_Base):
         wire = box.async_wire() if box is not None else self._clients.wire()
         tool = AsyncHttpTool(client=client, **self._tool_options(ctx, is_async=True))
         body, failures = self._body(request), []
-        attempts = 0
         if wire is not None:  # straight to the loop's connections, skipping the client's per-request work
             if self._wire_headers is None:
                 # What the client sends for this JSON POST (its default headers and ours), built
@@ -410,33 +409,28 @@ class AsyncLLM(_Base):
                 self._wire_headers = [(name, value) for name, value in built.headers.raw
                                       if name.lower() not in (b"host", b"content-length")]
             content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-            send: Callable[[], Awaitable[Any]] = lambda: tool.post_direct(  # noqa: E731
-                wire, self._url, self._wire_headers, content, self.timeout)
         else:  # through the client: a proxy from the environment applies
             headers = self._http_headers()
-            send = lambda: tool.post(self._url, json=body, headers=headers, timeout=self.timeout)  # noqa: E731
-
-        async def attempt() -> dict[str, Any]:
-            nonlocal attempts
-            attempts += 1
-            started = time.perf_counter()
-            try:
-                response = await send()
-            except RetryableToolError as exc:
-                failures.append(self._failure(exc, started))
-                raise
-            return self._shape(response, failures, (time.perf_counter() - started) * 1000)
-
+        # One loop, no closures: the call is held while it is out, and so is all it made.
+        attempts = 0
         try:
             while True:
+                attempts += 1
+                started = time.perf_counter()
                 try:
-                    return await attempt()
+                    if wire is not None:
+                        response = await tool.post_direct(wire, self._url, self._wire_headers, content, self.timeout)
+                    else:
+                        response = await tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
                 except RetryableToolError as exc:
+                    failures.append(self._failure(exc, started))
                     wait = self._next_wait(exc, attempts)
                     if wait is None:
                         raise
                     failures[-1]["waited"] = round(wait, 3)
                     await self._sleep(wait)
+                    continue
+                return self._shape(response, failures, (time.perf_counter() - started) * 1000)
         except (RetryableToolError, PermanentToolError) as exc:
             raise self._explain(exc, attempts) from None
 

@@ -147,44 +147,8 @@ class StoreBreakers:
         this process makes (a failure, a probe) is always decided on a fresh read. 0: every call
         waits for a read that began after it asked."""
         config_for = configs.config_for if isinstance(configs, BreakerRegistry) else configs
-
-        async def state(name: str) -> BreakerState:
-            shared = self._shared(name)
-            known = shared.known(max_age, monotonic)
-            return known if known is not None else await asyncio.shield(shared.request(monotonic))
-
-        def report(transition: Transition | None) -> None:
-            if transition is not None and on_transition is not None:
-                on_transition(transition)
-
-        async def before(name: str) -> None:
-            config = config_for(name)
-            current = await state(config.name)
-            now = self._clock()
-            allowed, new, retry_at, transition = decide(config, current, now)
-            if new == current:  # nothing to write: decided on a read recent enough (see max_age)
-                if not allowed:
-                    raise self._open_error(config, current, now, retry_at)
-                report(transition)
-                return
-            try:
-                report(await asyncio.to_thread(self.before_call, config))  # a change: compare-and-set
-            finally:
-                self._shared(config.name).written(monotonic())
-
-        async def after(name: str, ok: bool) -> None:
-            config = config_for(name)
-            current = await state(config.name)
-            new, transition = record(config, current, self._clock(), ok)
-            if new == current:
-                report(transition)
-                return
-            try:
-                report(await asyncio.to_thread(self.after_call, config, ok))
-            finally:
-                self._shared(config.name).written(monotonic())
-
-        return before, after
+        hooks = _AsyncHooks(self, config_for, on_transition, max_age, monotonic)
+        return hooks.before, hooks.after
 
     def _shared(self, name: str) -> _SharedRead:
         loop = asyncio.get_running_loop()
@@ -213,6 +177,57 @@ class StoreBreakers:
         return OrchestratorError(
             f"circuit breaker {config.name!r}: its state changed under us {_MAX_RACES} times in a row; gave up"
         )
+
+
+class _AsyncHooks:
+    """What ``StoreBreakers.ahooks`` returns the methods of (an object, not closures: a model call
+    makes one, and it is held while the call is out)."""
+
+    __slots__ = ("breakers", "config_for", "on_transition", "max_age", "monotonic")
+
+    def __init__(self, breakers: StoreBreakers, config_for: Callable[[str], BreakerConfig],
+                 on_transition: Callable[[Transition], Any] | None, max_age: float,
+                 monotonic: Callable[[], float]) -> None:
+        self.breakers, self.config_for, self.on_transition = breakers, config_for, on_transition
+        self.max_age, self.monotonic = max_age, monotonic
+
+    async def _state(self, name: str) -> BreakerState:
+        shared = self.breakers._shared(name)
+        known = shared.known(self.max_age, self.monotonic)
+        return known if known is not None else await asyncio.shield(shared.request(self.monotonic))
+
+    def _report(self, transition: Transition | None) -> None:
+        if transition is not None and self.on_transition is not None:
+            self.on_transition(transition)
+
+    async def before(self, name: str) -> None:
+        breakers = self.breakers
+        config = self.config_for(name)
+        current = await self._state(config.name)
+        now = breakers._clock()
+        allowed, new, retry_at, transition = decide(config, current, now)
+        if new == current:  # nothing to write: decided on a read recent enough (see max_age)
+            if not allowed:
+                raise breakers._open_error(config, current, now, retry_at)
+            self._report(transition)
+            return
+        try:
+            self._report(await asyncio.to_thread(breakers.before_call, config))  # a change: compare-and-set
+        finally:
+            breakers._shared(config.name).written(self.monotonic())
+
+    async def after(self, name: str, ok: bool) -> None:
+        breakers = self.breakers
+        config = self.config_for(name)
+        current = await self._state(config.name)
+        new, transition = record(config, current, breakers._clock(), ok)
+        if new == current:
+            self._report(transition)
+            return
+        try:
+            self._report(await asyncio.to_thread(breakers.after_call, config, ok))
+        finally:
+            breakers._shared(config.name).written(self.monotonic())
 
 
 class _SharedRead:

@@ -415,19 +415,17 @@ class AsyncHttpTool(HttpVerbs, _Base):
         if self._before_send is not None:
             self._before_send()
         limits = timeout.as_dict()
-        # The request as httpx would have built it, for an error's message (only a failure needs it).
-        request = lambda: httpx.Request("POST", url, headers=headers, content=content,  # noqa: E731
-                                        extensions={"timeout": limits})
         reply: DirectReply | None = None
         error: ToolError | None = None
         try:
             status, reason, raw, body = await wire.exchange(b"POST", url, headers, content, limits)
         except httpx.HTTPError as exc:
-            error = self._error_for_exception(exc, request(), name)
+            error = self._error_for_exception(exc, _direct_request(url, headers, content, limits), name)
         else:
             reply = DirectReply(status, reason, raw, body)
             if status >= 400:
-                error = self._error_for_response(reply.response(), request(), name)
+                error = self._error_for_response(reply.response(), _direct_request(url, headers, content, limits),
+                                                 name)
         if self._breaker is not None:
             await _maybe_await(self._breaker[1](name, not isinstance(error, RetryableToolError)))
         if error is not None:
@@ -534,3 +532,10 @@ def _replayed(method: str, record: dict[str, Any]) -> httpx.Response:
                if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
     return httpx.Response(record["status"], headers=headers, content=record.get("text", "").encode("utf-8"),
                           request=httpx.Request(method.upper(), record.get("url") or "http://replayed.invalid/"))
+
+
+def _direct_request(url: httpx.URL, headers: list[tuple[bytes, bytes]], content: bytes,
+                    limits: dict[str, Any]) -> httpx.Request:
+    """``post_direct``'s request as httpx would have built it, for an error's message (only a
+    failure needs it)."""
+    return httpx.Request("POST", url, headers=headers, content=content, extensions={"timeout": limits})
