@@ -29,6 +29,7 @@ any transport.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
 import ssl
 from collections.abc import AsyncIterator
@@ -350,9 +351,12 @@ class WireTransport(httpx.AsyncBaseTransport):
         tls = scheme == "https"
         try:
             async with asyncio.timeout(connect_timeout):
-                _, conn = await loop.create_connection(
+                # Connected in an empty context of its own: the connection's callbacks keep the
+                # context they were registered in for as long as it lives, and the caller's holds
+                # its step (current_step(), the step's context and the run it reaches).
+                _, conn = await loop.create_task(loop.create_connection(
                     lambda: _Conn(loop), host, port, ssl=self._ssl if tls else None,
-                    server_hostname=host if tls else None)
+                    server_hostname=host if tls else None), context=contextvars.Context())
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {host}:{port} took longer than {connect_timeout}s") from None
         except (OSError, ssl.SSLError) as exc:

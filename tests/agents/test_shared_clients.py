@@ -144,3 +144,42 @@ def test_asyncllm_outside_an_orchestrator_keeps_one_connection_per_loop(chat):
     assert answers == [f"answer {n}" for n in range(5)]
     assert chat.connections == 1
     wait_until(lambda: chat.open_connections == 0, "the connection to close")
+
+
+def test_a_kept_alive_connection_does_not_keep_the_step_that_opened_it(db_url, chat):
+    # Given an async step that opens the loop's connection with a model call and ctx.ahttp
+    import gc
+    import weakref
+
+    chat.script(lambda body, n: reply(f"answer {n}"))
+    llm = AsyncLLM(base_url=chat.url, model="scripted-model", api_key=API_KEY)
+    contexts: list[weakref.ref] = []
+    wf = Workflow("opens")
+
+    @wf.step(start=True)
+    async def ask(ctx, state):
+        contexts.append(weakref.ref(ctx))
+        answer = await llm.chat(ctx, "hello")
+        raw = await ctx.ahttp.post(chat.url + "/chat/completions", json={"model": "m", "messages": [
+            {"role": "user", "content": "raw"}]}, headers={"Authorization": f"Bearer {API_KEY}"})
+        return {"answer": answer.content, "raw": raw.status_code}
+
+    wf.edge("ask", END)
+
+    async def main(orc: Orchestrator) -> tuple[str, int, list]:
+        result = await orc.arun(wf, {}, run_id="k1")
+        # (still on the loop: its client and the kept-alive connection are open)
+        return result.status, chat.open_connections, [ref() for ref in contexts if ref() is not None]
+
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        # When the run completes with the garbage collector off, the connection kept alive
+        gc.collect()
+        gc.disable()
+        try:
+            status, still_open, alive = asyncio.run(main(orc))
+        finally:
+            gc.enable()
+    # Then the connection stayed open, and it did not keep the step's context (nor the run it reaches)
+    assert status == "completed"
+    assert still_open == 1
+    assert alive == [], f"kept alive by the open connection: {alive}"
