@@ -17,10 +17,11 @@ import asyncio
 import dataclasses
 import os
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compensations import BreakerConfig, BreakerRegistry, Compensations, default_breakers
 from orchestrator._sync import run_sync
@@ -29,8 +30,7 @@ from orchestrator.audit.gc import GcReport
 from orchestrator.audit.stats import Stats
 from orchestrator.audit.summary import RunSummary
 from orchestrator.audit.verify import VerifyReport
-from orchestrator.engine.core import Engine, EngineConfig, default_owner
-from orchestrator.engine.journal import Observer
+from orchestrator.engine.config import EngineConfig, default_owner
 from orchestrator.engine.queues import DEFAULT_QUEUE, Queues
 from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.result import RunResult
@@ -41,6 +41,10 @@ from orchestrator.tools.limits import CallLimits, ToolLimits
 from orchestrator.tools.toolbox import ToolBox
 from store import LeaseHeldError, RunRecord, SnapshotInfo, Store, open_store
 from workflows import Workflow
+
+if TYPE_CHECKING:
+    from orchestrator.engine.core import Engine
+    from orchestrator.engine.journal import ActiveRun, Observer
 
 __all__ = ["Orchestrator"]
 
@@ -150,16 +154,41 @@ class Orchestrator:
                                      ttl=tool_limits.slot_ttl)
         self.tools = ToolBox(breakers=StoreBreakers(self.store, the_clock), breaker_settings=self._breaker_settings,
                              redactor=redactor, clock=the_clock, max_body=max_body, call_limits=call_limits)
-        self.engine = Engine(self.store, config, workflows=self.workflows, compensations=compensations,
-                             tools=self.tools, redactor=redactor, replay=replay, observers=observers)
-        self.audit = Audit(self.store, workflows=self.workflows, clock=the_clock, create_run=self.engine.create,
-                           savepoint=self.engine.savepoint, signing_key=key)
-        self.queues = Queues(self.store, create_run=self.engine.create, clock=the_clock, owner=config.owner)
+        self._config = config
+        # The engine is built on first use: a process that only reads runs (the CLI's read verbs, an
+        # audit) never loads the driver, the group committer and the rest of it.
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
+        self._engine_parts = {"compensations": compensations, "redactor": redactor, "replay": replay,
+                              "observers": observers}
+        self.audit = Audit(self.store, workflows=self.workflows, clock=the_clock, create_run=self._create_run,
+                           savepoint=self._savepoint, signing_key=key)
+        self.queues = Queues(self.store, create_run=self._create_run, clock=the_clock, owner=config.owner)
 
     # -- setup -----------------------------------------------------------------------------------
     @property
+    def engine(self) -> Engine:
+        """The durable core (``orchestrator.engine.Engine``), built on first use."""
+        engine = self._engine
+        if engine is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    from orchestrator.engine.core import Engine
+
+                    self._engine = Engine(self.store, self._config, workflows=self.workflows, tools=self.tools,
+                                          **self._engine_parts)
+                engine = self._engine
+        return engine
+
+    def _create_run(self, *args: Any, **kwargs: Any) -> ActiveRun | None:
+        return self.engine.create(*args, **kwargs)
+
+    def _savepoint(self, *args: Any, **kwargs: Any) -> Path:
+        return self.engine.savepoint(*args, **kwargs)
+
+    @property
     def owner(self) -> str:
-        return self.engine.config.owner
+        return self._config.owner
 
     def register(self, *workflows: Workflow) -> None:
         """Make workflows known by name (validated now: a bad graph fails here, not mid-run)."""
@@ -175,7 +204,8 @@ class Orchestrator:
                                          f"got {step.breaker!r}")
 
     def close(self) -> None:
-        self.engine.close()
+        if self._engine is not None:
+            self._engine.close()
         self.tools.close()
         if self._owns_store:
             self.store.close()

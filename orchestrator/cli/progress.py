@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from orchestrator.payload import codec
 from orchestrator.audit.describe import headline
 from orchestrator.cli.term import clip
-from orchestrator.engine.journal import ActiveRun
 from store import NewEvent
+
+if TYPE_CHECKING:
+    from orchestrator.engine.journal import ActiveRun
 
 __all__ = ["Progress"]
 

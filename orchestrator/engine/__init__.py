@@ -6,13 +6,26 @@ names are for reading journals (``EventKind``, ``RunState``, ``fold``) and for w
 into something else (``Engine``).
 """
 
-from orchestrator.engine.context import StepContext, current_step
-from orchestrator.engine.core import Engine, EngineConfig
-from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES, EventKind
-from orchestrator.engine.fold import RunState, apply, fold
-from orchestrator.engine.journal import ActiveRun, JournalWriter
-from orchestrator.engine.registry import WorkflowRegistry
-from orchestrator.engine.result import RunResult
+# Imported on first use (PEP 562): reading a journal (``EventKind``, ``fold``), what the audit and
+# the CLI's read verbs do, must not load the driver, the group committer and the rest of the engine.
+from orchestrator._lazy import lazy_exports
+
+_LAZY = {
+    "StepContext": "orchestrator.engine.context",
+    "current_step": "orchestrator.engine.context",
+    "Engine": "orchestrator.engine.core",
+    "EngineConfig": "orchestrator.engine.core",
+    "ACTIVE_STATUSES": "orchestrator.engine.events",
+    "TERMINAL_STATUSES": "orchestrator.engine.events",
+    "EventKind": "orchestrator.engine.events",
+    "RunState": "orchestrator.engine.fold",
+    "apply": "orchestrator.engine.fold",
+    "fold": "orchestrator.engine.fold",
+    "ActiveRun": "orchestrator.engine.journal",
+    "JournalWriter": "orchestrator.engine.journal",
+    "WorkflowRegistry": "orchestrator.engine.registry",
+    "RunResult": "orchestrator.engine.result",
+}
 
 __all__ = [
     "Engine",
@@ -30,3 +43,5 @@ __all__ = [
     "current_step",
     "RunResult",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.engine.services import DurableCalls, StepTools, ToolsForSteps
 
-__all__ = ["StepContext", "current_step", "running"]
+__all__ = ["CALL_INDEX", "StepContext", "current_step", "running"]
 
 _log = logging.getLogger("agentsaga.step")
 
@@ -25,6 +25,10 @@ _log = logging.getLogger("agentsaga.step")
 # know about it. Set by the step runner only around the step function itself: a compensation, a
 # check hook or code outside any step sees None.
 _CURRENT: ContextVar["StepContext | None"] = ContextVar("agentsaga_current_step", default=None)
+
+#: While a durable call is being performed: its index in the step execution. What the call sends
+#: (an HTTP request's idempotency key) can be a stable function of its position with it.
+CALL_INDEX: ContextVar[int | None] = ContextVar("agentsaga_call_index", default=None)
 
 
 def current_step() -> "StepContext | None":

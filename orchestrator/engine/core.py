@@ -15,18 +15,15 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
-import random
-import secrets
 import socket
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from compensations import Compensations
 from orchestrator.engine import rollback
+from orchestrator.engine.config import EngineConfig, default_owner
 from orchestrator.engine.code_changes import changed_steps, migrate_state, migration_path
 from orchestrator.engine.driver import Driver
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
@@ -66,31 +63,6 @@ from workflows import Workflow
 __all__ = ["Engine", "EngineConfig", "default_owner", "make_result"]
 
 _log = logging.getLogger("agentsaga")
-
-
-def default_owner() -> str:
-    """This process's name in leases: ``host:pid:random`` (the pid tells a dead owner on this host)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """The engine's settings and injected time, sleep and randomness (see ``Orchestrator``)."""
-
-    owner: str
-    snapshot_every: int = 100
-    keep_snapshots: int = 3
-    #: incremental snapshots, a full one every N (None: all full), for workflows without a policy
-    incremental_snapshots: int | None = 10
-    lease_ttl: float = 30.0
-    #: how often held leases are renewed (None: lease_ttl / 3)
-    heartbeat: float | None = None
-    allow_graph_change: bool = False
-    #: the HMAC key savepoints are signed with, and that a savepoint must be signed with to be restored
-    signing_key: bytes | None = None
-    clock: Callable[[], float] = time.time
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    rng: random.Random = field(default_factory=random.Random)
 
 
 class Engine:

@@ -32,10 +32,10 @@ import os
 import queue
 import threading
 import time
-from contextvars import ContextVar
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from orchestrator.engine.context import CALL_INDEX
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.errors import (
@@ -58,9 +58,6 @@ __all__ = ["CALL_INDEX", "FOREVER", "CallGuard", "DurableExecution", "Suspend", 
 FOREVER = 1e18
 _NOT_DONE = object()  # no journaled response for this call yet
 
-#: While a durable call is being performed: its index in the step execution. What the call sends
-#: (an HTTP request's idempotency key) can be a stable function of its position with it.
-CALL_INDEX: ContextVar[int | None] = ContextVar("agentsaga_call_index", default=None)
 
 
 class Suspend(BaseException):

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.engine.journal import ActiveRun
 from orchestrator.errors import ConfigurationError, RunStateError
 from store import DuplicateRunError, Store
 from workflows import Workflow
+
+if TYPE_CHECKING:
+    from orchestrator.engine.journal import ActiveRun
 
 __all__ = ["Queues", "DEFAULT_QUEUE", "check_queue_name"]
 

@@ -53,7 +53,7 @@ from typing import Any
 
 from orchestrator._orchestrator import Orchestrator
 from orchestrator.contrib.otel import Tracing
-from orchestrator.engine.core import default_owner
+from orchestrator.engine.config import default_owner
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator.engine.loader import load_app
 from orchestrator.engine.queues import check_queue_name

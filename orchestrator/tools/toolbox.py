@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from compensations import BreakerConfig, BreakerRegistry, default_breakers
-from orchestrator.engine.durable import CALL_INDEX
+from orchestrator.engine.context import CALL_INDEX
 from orchestrator.engine.services import DurableCalls
 from orchestrator.errors import PermanentToolError
 from orchestrator.payload.redact import Redactor

@@ -87,3 +87,45 @@ def test_the_entry_point_stays_a_function_after_the_commands_module_is_imported(
     res = fresh("import orchestrator.cli.commands\nfrom orchestrator.cli import main\nprint(callable(main))")
     # Then the package's main is still the entry function
     assert res["out"].strip() == "True"
+
+
+#: what a read verb has no use for: the engine that drives runs, HTTP, HTML templates, the ORM
+DRIVING = ("orchestrator.engine.core", "orchestrator.engine.driver", "orchestrator.engine.steps",
+           "orchestrator.engine.groupcommit", "orchestrator.engine.journal", "orchestrator.scale.worker",
+           "httpx", "jinja2", "sqlmodel", "pydantic")
+
+
+def loaded(code: str) -> dict:
+    """Run ``code`` in a new interpreter; its output and which of ``DRIVING`` it loaded."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {DRIVING!r} if m in sys.modules]))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "200"}, timeout=HANG, check=False)
+    assert proc.returncode == 0, proc.stderr
+    *out, mods = proc.stdout.rstrip("\n").split("\n")
+    return {"out": "\n".join(out), "loaded": json.loads(mods)}
+
+
+def test_read_verbs_load_only_what_reading_uses(tmp_path):
+    # Given a database holding one completed run
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    made = loaded(f"""
+from orchestrator import Orchestrator
+from workflows import END, Workflow
+wf = Workflow("w")
+@wf.step(start=True)
+def a(ctx, state):
+    return {{"ok": 1}}
+wf.edge("a", END)
+with Orchestrator({db!r}, workflows=[wf]) as orc:
+    print(orc.run(wf, {{}}, run_id="r1").status)""")
+    assert made["out"] == "completed"
+    # Then driving it loaded the engine
+    assert "orchestrator.engine.core" in made["loaded"]
+    # When the read verbs list it, show its history, summarise and verify it, and count runs
+    expected = {"runs": "r1", "history": "StepCompleted  a", "show": "run r1  completed", "verify": "run r1: OK",
+                "stats": "completed  1"}
+    for argv in (["runs"], ["history", "r1"], ["show", "r1"], ["verify", "r1"], ["stats"]):
+        res = loaded(f"from orchestrator.cli import main\nmain(['--db', {db!r}, *{argv!r}])")
+        # Then each answered about the run without loading the engine, HTTP, templates or the ORM
+        assert expected[argv[0]] in res["out"], (argv, res["out"])
+        assert res["loaded"] == [], (argv, res["loaded"])

@@ -106,7 +106,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.tools import AgentDepsT, RunContext
 
 from orchestrator.engine.context import StepContext, current_step
-from orchestrator.engine.durable import CALL_INDEX
+from orchestrator.engine.context import CALL_INDEX
 from orchestrator.errors import EncodingError
 
 __all__ = ["AgentsagaDurability", "ToolCallContext", "tool_context", "VOLATILE"]
