@@ -60,6 +60,38 @@ def test_each_package_exports_exactly_its_pinned_names(package):
         assert hasattr(module, name), f"{package}.{name}"
 
 
+#: exported names that are modules, by decision
+MODULE_EXPORTS = {"workflows": {"reducers"}}
+
+_RESOLVE = """
+import importlib, json, pkgutil, sys, types
+package = sys.argv[1]
+module = importlib.import_module(package)
+for info in pkgutil.iter_modules(module.__path__):
+    if not info.name.startswith("__"):
+        try:
+            importlib.import_module(package + "." + info.name)
+        except ImportError:
+            pass  # an optional extra that is not installed
+print(json.dumps([name for name in module.__all__ if isinstance(getattr(module, name), types.ModuleType)]))
+"""
+
+
+@pytest.mark.parametrize("package", sorted(EXPORTS))
+def test_an_exported_name_is_never_replaced_by_its_submodule(package):
+    # Given a fresh interpreter that imported every submodule of the package (importing a submodule
+    # sets it as an attribute of its package, over a name exported lazily under the same name, such
+    # as orchestrator.engine's ``fold``)
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _RESOLVE, package], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # Then no exported name is a module, but those exported as modules by decision
+    assert set(json.loads(done.stdout)) == MODULE_EXPORTS.get(package, set())
+
+
 def test_the_root_does_not_pull_in_the_agent_layer_or_the_report():
     # Given a fresh interpreter that imports only what most users need
     import subprocess

@@ -10,6 +10,10 @@ into something else (``Engine``).
 # the CLI's read verbs do, must not load the driver, the group committer and the rest of the engine.
 from orchestrator._lazy import lazy_exports
 
+# Imported now, not lazily: ``fold`` is also the name of its module, and importing the module
+# (which the audit does) would make the package's ``fold`` that module. What reading uses anyway.
+from orchestrator.engine.fold import RunState, apply, fold
+
 _LAZY = {
     "StepContext": "orchestrator.engine.context",
     "current_step": "orchestrator.engine.context",
@@ -18,9 +22,6 @@ _LAZY = {
     "ACTIVE_STATUSES": "orchestrator.engine.events",
     "TERMINAL_STATUSES": "orchestrator.engine.events",
     "EventKind": "orchestrator.engine.events",
-    "RunState": "orchestrator.engine.fold",
-    "apply": "orchestrator.engine.fold",
-    "fold": "orchestrator.engine.fold",
     "ActiveRun": "orchestrator.engine.journal",
     "JournalWriter": "orchestrator.engine.journal",
     "WorkflowRegistry": "orchestrator.engine.registry",
