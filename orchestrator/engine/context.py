@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -24,7 +25,9 @@ _log = logging.getLogger("agentsaga.step")
 # inside ``agent.run``), so the user does not have to thread ``ctx`` through a library that does not
 # know about it. Set by the step runner only around the step function itself: a compensation, a
 # check hook or code outside any step sees None.
-_CURRENT: ContextVar["StepContext | None"] = ContextVar("agentsaga_current_step", default=None)
+# A weak reference: a context copied while the step runs (every callback asyncio registers, such as
+# a connection's reader, keeps a copy for as long as it lives) must not keep the step alive.
+_CURRENT: ContextVar["weakref.ref[StepContext] | None"] = ContextVar("agentsaga_current_step", default=None)
 
 #: While a durable call is being performed: its index in the step execution. What the call sends
 #: (an HTTP request's idempotency key) can be a stable function of its position with it.
@@ -33,7 +36,8 @@ CALL_INDEX: ContextVar[int | None] = ContextVar("agentsaga_call_index", default=
 
 def current_step() -> "StepContext | None":
     """The ``StepContext`` of the step running in this task or thread, or None outside a step."""
-    return _CURRENT.get()
+    ref = _CURRENT.get()
+    return ref() if ref is not None else None
 
 
 class running:
@@ -46,7 +50,7 @@ class running:
         self.ctx = ctx
 
     def __enter__(self) -> None:
-        self.token = _CURRENT.set(self.ctx)
+        self.token = _CURRENT.set(weakref.ref(self.ctx))
 
     def __exit__(self, *exc: object) -> None:
         _CURRENT.reset(self.token)

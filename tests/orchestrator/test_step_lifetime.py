@@ -80,3 +80,43 @@ def test_every_step_context_is_freed_when_its_run_ends_without_the_garbage_colle
     assert result.state["b"] == 3 and result.state["c"] == 4
     assert len(contexts) == 4
     assert alive == [], f"step contexts kept alive after the run: {alive}"
+
+
+def test_a_connection_a_step_leaves_open_does_not_keep_the_step(db_url):
+    # Given an async step that opens a connection of its own and leaves it open when it ends (asyncio
+    # keeps a copy of the step's context with the connection's reader for as long as it is open)
+    import asyncio
+
+    contexts: list[weakref.ref[Any]] = []
+    kept: list[Any] = []
+    wf = Workflow("opens-its-own")
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the client closes
+        writer.close()
+
+    async def main(orc: Orchestrator) -> tuple[str, list[Any]]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        @wf.step(start=True)
+        async def connect(ctx, state):
+            contexts.append(weakref.ref(ctx))
+            kept.append(await asyncio.open_connection("127.0.0.1", port))
+            return {"connected": True}
+
+        wf.edge("connect", END)
+        result = await orc.arun(wf, {}, run_id="own-1")
+        alive = [ref() for ref in contexts if ref() is not None]
+        for _reader, writer in kept:
+            writer.close()
+        server.close()
+        return result.status, alive
+
+    with Orchestrator(db_url) as orc:
+        # When the run completes with the garbage collector off, the connection still open
+        with collector_off():
+            status, alive = asyncio.run(main(orc))
+    # Then the step's context did not outlive its step
+    assert status == "completed"
+    assert alive == [], f"kept alive by the connection the step left open: {alive}"
