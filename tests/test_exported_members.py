@@ -63,7 +63,7 @@ def test_each_package_exports_exactly_its_pinned_names(package):
 #: exported names that are modules, by decision
 MODULE_EXPORTS = {"workflows": {"reducers"}}
 
-_RESOLVE = """
+_EXPORTED_MODULES = """
 import importlib, json, pkgutil, sys, types
 package = sys.argv[1]
 module = importlib.import_module(package)
@@ -86,7 +86,7 @@ def test_an_exported_name_is_never_replaced_by_its_submodule(package):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _RESOLVE, package], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", _EXPORTED_MODULES, package], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     # Then no exported name is a module, but those exported as modules by decision
     assert set(json.loads(done.stdout)) == MODULE_EXPORTS.get(package, set())

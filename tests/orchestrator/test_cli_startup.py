@@ -15,10 +15,11 @@ HEAVY = ("sqlalchemy", "sqlmodel", "pydantic")
 HANG = 120.0  # seconds a fresh interpreter may take on a loaded machine
 
 
-def fresh(code: str) -> dict:
-    """Run ``code`` in a new interpreter; it prints its output, then the JSON list of heavy modules it loaded."""
-    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
-    env = {**os.environ, "COLUMNS": "80"}
+def fresh(code: str, watched: tuple[str, ...] = HEAVY, columns: int = 80) -> dict:
+    """Run ``code`` in a new interpreter; its output, and which of the ``watched`` modules it loaded
+    (``heavy``)."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {watched!r} if m in sys.modules]))"
+    env = {**os.environ, "COLUMNS": str(columns)}
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=HANG, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -95,20 +96,10 @@ DRIVING = ("orchestrator.engine.core", "orchestrator.engine.driver", "orchestrat
            "httpx", "jinja2", "sqlmodel", "pydantic")
 
 
-def loaded(code: str) -> dict:
-    """Run ``code`` in a new interpreter; its output and which of ``DRIVING`` it loaded."""
-    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {DRIVING!r} if m in sys.modules]))"
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "COLUMNS": "200"}, timeout=HANG, check=False)
-    assert proc.returncode == 0, proc.stderr
-    *out, mods = proc.stdout.rstrip("\n").split("\n")
-    return {"out": "\n".join(out), "loaded": json.loads(mods)}
-
-
 def test_read_verbs_load_only_what_reading_uses(tmp_path):
     # Given a database holding one completed run
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    made = loaded(f"""
+    made = fresh(f"""
 from orchestrator import Orchestrator
 from workflows import END, Workflow
 wf = Workflow("w")
@@ -117,15 +108,15 @@ def a(ctx, state):
     return {{"ok": 1}}
 wf.edge("a", END)
 with Orchestrator({db!r}, workflows=[wf]) as orc:
-    print(orc.run(wf, {{}}, run_id="r1").status)""")
+    print(orc.run(wf, {{}}, run_id="r1").status)""", DRIVING)
     assert made["out"] == "completed"
     # Then driving it loaded the engine
-    assert "orchestrator.engine.core" in made["loaded"]
+    assert "orchestrator.engine.core" in made["heavy"]
     # When the read verbs list it, show its history, summarise and verify it, and count runs
     expected = {"runs": "r1", "history": "StepCompleted  a", "show": "run r1  completed", "verify": "run r1: OK",
                 "stats": "completed  1"}
     for argv in (["runs"], ["history", "r1"], ["show", "r1"], ["verify", "r1"], ["stats"]):
-        res = loaded(f"from orchestrator.cli import main\nmain(['--db', {db!r}, *{argv!r}])")
+        res = fresh(f"from orchestrator.cli import main\nmain(['--db', {db!r}, *{argv!r}])", DRIVING, columns=200)
         # Then each answered about the run without loading the engine, HTTP, templates or the ORM
         assert expected[argv[0]] in res["out"], (argv, res["out"])
-        assert res["loaded"] == [], (argv, res["loaded"])
+        assert res["heavy"] == [], (argv, res["heavy"])
