@@ -10,7 +10,7 @@ import datetime as _dt
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -220,11 +220,13 @@ class StepContext:
         return self._durable_calls("durable_call").durable_call(kind, request, perform, if_changed=if_changed,
                                                                  effect=effect)
 
-    async def adurable_call(self, kind: str, request: Any, perform: Any, *, if_changed: str = "raise",
-                            effect: Any = None) -> Any:
-        """The async twin of ``durable_call``: ``perform`` returns an awaitable."""
-        return await self._durable_calls("adurable_call").adurable_call(kind, request, perform,
-                                                                         if_changed=if_changed, effect=effect)
+    def adurable_call(self, kind: str, request: Any, perform: Any, *, if_changed: str = "raise",
+                      effect: Any = None) -> Awaitable[Any]:
+        """The async twin of ``durable_call``: ``perform`` returns an awaitable; await the result.
+        (It hands back the durable call's own coroutine rather than wrapping it in one more: each
+        time a call wakes up, every coroutine around it is resumed.)"""
+        return self._durable_calls("adurable_call").adurable_call(kind, request, perform,
+                                                                  if_changed=if_changed, effect=effect)
 
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         """Return signal ``name``'s data; until it is sent, the run waits (status ``waiting``)."""
