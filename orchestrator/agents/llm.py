@@ -35,7 +35,7 @@ breaker state (shared by all workers); its settings come from the Orchestrator's
 (``declare_breaker("llm:api.openai.com", ...)``) or the defaults. Every attempt counts, so a dead
 provider opens the breaker and later calls fail fast with ``CircuitOpenError`` without a request.
 Transitions are journaled on the step's event, like ``ctx.http``'s. ``AsyncLLM`` decides on a read
-of the breaker's state at most ``BREAKER_MAX_AGE`` (0.1 s) old, shared by the calls in flight: a
+of the breaker's state at most ``BREAKER_MAX_AGE`` (0.5 s) old, shared by the calls in flight: a
 breaker another worker opened is honoured within that time; one this process trips, at once.
 Outside an Orchestrator (``llm.complete(request)``) pass ``breakers=StoreBreakers(...)`` to get one.
 """
@@ -48,6 +48,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,8 +70,12 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _RESERVED = frozenset({"model", "messages", "tools", "stream"})  # not settable through **params
 _SNIPPET = 300
 #: An async call's breaker may be decided on a read of its state that began this long ago (seconds):
-#: under load a healthy breaker then costs a few reads a second, not two per call.
-BREAKER_MAX_AGE = 0.1
+#: under load a healthy breaker then costs a few reads a second, not two per call. Not less: with a
+#: thousand calls in flight one turn of the event loop (and a full garbage collection) takes up to
+#: a tenth of a second, so at 0.1 s (the first value) six calls in ten found the read too old when
+#: they asked and each waited for a new one, a wake-up more per call, even with reads begun ahead
+#: (``_SharedRead.known``). A breaker another worker opens is honoured within this time.
+BREAKER_MAX_AGE = 0.5
 #: How much longer a parsed JSON body can be when encoded again compactly than the text it came
 #: from. Only numbers grow ("1e15" is 18 characters as 1000000000000000.0); whitespace, escapes such
 #: as \u00e9 or \/ and everything else stay the same or shrink.
@@ -224,34 +229,36 @@ class _Base:
             return self._breaker.name
         return self._breaker if isinstance(self._breaker, str) else f"llm:{self.provider}"
 
-    def _tool_options(self, ctx: Any, *, is_async: bool = False) -> dict[str, Any]:
-        """HttpTool options: the breaker hooks (the step's store-backed breakers) and redactor. For
-        an async call the hooks never block the event loop and share their reads of the breaker's
-        state with the other calls in flight (``StoreBreakers.ahooks``)."""
-        step_tools = None
-        if ctx is not None and hasattr(ctx, "tools"):
-            try:
-                step_tools = ctx.tools
-            except RuntimeError:
-                step_tools = None  # a context outside an Orchestrator: no engine breakers
-        name = self._breaker_name()
+    def _tool_options(self, ctx: Any) -> dict[str, Any]:
+        """HttpTool options for a sync call: the breaker hooks (the step's store-backed breakers) and redactor."""
+        step_tools = _step_tools(ctx)
         options: dict[str, Any] = {"redactor": step_tools.redactor if step_tools else Redactor(),
-                                   "breaker_name": name or "llm"}
-        if name is None:
-            return options
+                                   "breaker_name": self._breaker_name() or "llm"}
+        breaker = self._breaker_parts(step_tools)
+        if breaker is not None:
+            breakers, config_for, on_transition = breaker
+            options["breaker"] = breakers.hooks(config_for, on_transition)
+        return options
+
+    def _breaker_parts(self, step_tools: Any) -> tuple[StoreBreakers, Callable[[str], BreakerConfig],
+                                                       Callable[[Any], Any] | None] | None:
+        """The call's breaker: the store-backed breakers, how a name finds its settings, and where
+        its transitions are journaled (the step's event); None without one."""
+        if self._breaker_name() is None:
+            return None
         breakers = self._breakers or (step_tools.box.breakers if step_tools else None)
         if breakers is None:
-            return options
+            return None
         if isinstance(self._breaker, BreakerConfig):
-            config_for: Any = lambda _name: self._breaker  # noqa: E731
+            config_for: Any = self._breaker_config
         elif step_tools is not None:
             config_for = step_tools.box.breaker_settings.config_for
         else:
-            config_for = lambda n: BreakerConfig(name=n)  # noqa: E731
-        on_transition = step_tools.transitions.append if step_tools else None
-        options["breaker"] = breakers.ahooks(config_for, on_transition, max_age=BREAKER_MAX_AGE) if is_async \
-            else breakers.hooks(config_for, on_transition)
-        return options
+            config_for = _default_config
+        return breakers, config_for, step_tools.transitions.append if step_tools else None
+
+    def _breaker_config(self, _name: str) -> BreakerConfig:
+        return self._breaker  # type: ignore[return-value]  # (a BreakerConfig: see _breaker_parts)
 
     def _next_wait(self, error: RetryableToolError, attempts: int) -> float | None:
         """Seconds to wait after ``attempts`` attempts, the last failing with ``error``; None: give up."""
@@ -383,6 +390,10 @@ class AsyncLLM(_Base):
         self._sleep = sleep
         self._clients = LoopClients(self.timeout)  # for calls outside an Orchestrator: one per event loop
         self._wire_headers: list[tuple[bytes, bytes]] | None = None  # see acomplete
+        # The tool a direct call maps its errors with, one per ToolBox (its redactor): it holds
+        # nothing of a call, whose breaker gate is handed to it per call.
+        self._direct: weakref.WeakKeyDictionary[Any, AsyncHttpTool] = weakref.WeakKeyDictionary()
+        self._direct_lock = threading.Lock()
 
     def close(self) -> None:
         """Close the clients this model client made for calls outside an Orchestrator."""
@@ -396,12 +407,15 @@ class AsyncLLM(_Base):
         # The event loop's shared client (an httpx.AsyncClient is bound to its loop): the
         # Orchestrator's inside a step, else this object's own. Building a client per call would
         # cost an SSL context and a new connection per call.
-        box = _box(ctx)
-        client = box.async_client() if box is not None else self._clients.get()
-        wire = box.async_wire() if box is not None else self._clients.wire()
-        tool = AsyncHttpTool(client=client, **self._tool_options(ctx, is_async=True))
+        step_tools = _step_tools(ctx)
+        box = step_tools.box if step_tools is not None else None
+        client, wire = box.async_pair() if box is not None else self._clients.pair()
+        breaker = self._breaker_parts(step_tools)
+        # Decisions on a read of the breaker's state shared with the calls in flight, never blocking the loop.
+        gate = breaker[0].gate(breaker[1], breaker[2], max_age=BREAKER_MAX_AGE) if breaker is not None else None
         body, failures = self._body(request), []
         if wire is not None:  # straight to the loop's connections, skipping the client's per-request work
+            tool = self._direct_tool(box, client, step_tools)
             if self._wire_headers is None:
                 # What the client sends for this JSON POST (its default headers and ours), built
                 # once; the transport adds Host and Content-Length.
@@ -410,6 +424,9 @@ class AsyncLLM(_Base):
                                       if name.lower() not in (b"host", b"content-length")]
             content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         else:  # through the client: a proxy from the environment applies
+            tool = AsyncHttpTool(client=client, redactor=step_tools.redactor if step_tools else Redactor(),
+                                 breaker_name=self._breaker_name() or "llm",
+                                 breaker=(gate.before, gate.after) if gate is not None else None)
             headers = self._http_headers()
         # One loop, no closures: the call is held while it is out, and so is all it made.
         attempts = 0
@@ -419,7 +436,8 @@ class AsyncLLM(_Base):
                 started = time.perf_counter()
                 try:
                     if wire is not None:
-                        response = await tool.post_direct(wire, self._url, self._wire_headers, content, self.timeout)
+                        response = await tool.post_direct(wire, self._url, self._wire_headers, content, self.timeout,
+                                                          gate=gate)
                     else:
                         response = await tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
                 except RetryableToolError as exc:
@@ -434,15 +452,39 @@ class AsyncLLM(_Base):
         except (RetryableToolError, PermanentToolError) as exc:
             raise self._explain(exc, attempts) from None
 
+    def _direct_tool(self, box: Any, client: httpx.AsyncClient, step_tools: Any) -> AsyncHttpTool:
+        """The tool direct calls through ``box`` (None: outside an Orchestrator) map their errors
+        with: made once, since a call hands it its own breaker gate."""
+        key = box if box is not None else self
+        tool = self._direct.get(key)
+        if tool is None:
+            with self._direct_lock:
+                tool = self._direct.get(key)
+                if tool is None:
+                    tool = self._direct[key] = AsyncHttpTool(
+                        client=client, redactor=step_tools.redactor if step_tools else Redactor(),
+                        breaker_name=self._breaker_name() or "llm")
+        return tool
 
-def _box(ctx: Any) -> Any:
-    """The Orchestrator's ToolBox behind a step context (None outside a step)."""
+
+def _default_config(name: str) -> BreakerConfig:
+    return BreakerConfig(name=name)
+
+
+def _step_tools(ctx: Any) -> Any:
+    """The step attempt's tools behind a step context (None outside a step run by an Orchestrator)."""
     if ctx is None or not hasattr(ctx, "tools"):
         return None
     try:
-        return ctx.tools.box
-    except RuntimeError:  # a context outside an Orchestrator
+        return ctx.tools
+    except RuntimeError:  # a context outside an Orchestrator: no engine breakers
         return None
+
+
+def _box(ctx: Any) -> Any:
+    """The Orchestrator's ToolBox behind a step context (None outside a step)."""
+    step_tools = _step_tools(ctx)
+    return step_tools.box if step_tools is not None else None
 
 
 def _messages(messages: str | Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

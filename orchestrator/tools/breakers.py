@@ -34,7 +34,7 @@ from compensations import BreakerConfig, BreakerRegistry
 from compensations.breaker_machine import BreakerState, decide, record
 from orchestrator.errors import CircuitOpenError, OrchestratorError
 
-__all__ = ["StoreBreakers", "BreakerStore"]
+__all__ = ["StoreBreakers", "BreakerStore", "AsyncGate"]
 
 Transition = dict[str, Any]
 _MAX_RACES = 100  # lost compare-and-sets in a row before giving up (each one means someone progressed)
@@ -146,9 +146,22 @@ class StoreBreakers:
         per call. A change made by another process is then honoured within ``max_age``; a change
         this process makes (a failure, a probe) is always decided on a fresh read. 0: every call
         waits for a read that began after it asked."""
+        gate = self.gate(configs, on_transition, max_age=max_age, monotonic=monotonic)
+        return gate.before, gate.after
+
+    def gate(
+        self,
+        configs: BreakerRegistry | Callable[[str], BreakerConfig],
+        on_transition: Callable[[Transition], Any] | None = None,
+        *,
+        max_age: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> AsyncGate:
+        """What ``ahooks`` returns the methods of, for a caller that asks it directly: ``admit(name)``
+        and ``settle(name, ok)`` decide at once where a recent read allows (returning None) and
+        return an awaitable only when they must wait, so a healthy breaker costs a call no coroutine."""
         config_for = configs.config_for if isinstance(configs, BreakerRegistry) else configs
-        hooks = _AsyncHooks(self, config_for, on_transition, max_age, monotonic)
-        return hooks.before, hooks.after
+        return AsyncGate(self, config_for, on_transition, max_age, monotonic)
 
     def _shared(self, name: str) -> _SharedRead:
         loop = asyncio.get_running_loop()
@@ -179,9 +192,9 @@ class StoreBreakers:
         )
 
 
-class _AsyncHooks:
-    """What ``StoreBreakers.ahooks`` returns the methods of (an object, not closures: a model call
-    makes one, and it is held while the call is out)."""
+class AsyncGate:
+    """A breaker gate for async callers: what ``StoreBreakers.gate`` returns and ``ahooks`` returns the
+    methods of (an object, not closures: a model call makes one, and it is held while the call is out)."""
 
     __slots__ = ("breakers", "config_for", "on_transition", "max_age", "monotonic")
 
@@ -191,43 +204,74 @@ class _AsyncHooks:
         self.breakers, self.config_for, self.on_transition = breakers, config_for, on_transition
         self.max_age, self.monotonic = max_age, monotonic
 
-    async def _state(self, name: str) -> BreakerState:
-        shared = self.breakers._shared(name)
-        known = shared.known(self.max_age, self.monotonic)
-        return known if known is not None else await asyncio.shield(shared.request(self.monotonic))
-
     def _report(self, transition: Transition | None) -> None:
         if transition is not None and self.on_transition is not None:
             self.on_transition(transition)
 
-    async def before(self, name: str) -> None:
-        breakers = self.breakers
+    def admit(self, name: str) -> Awaitable[None] | None:
+        """``before``, deciding at once where it can: None when the call was admitted on a read
+        recent enough (``max_age``) with nothing to write; raises ``CircuitOpenError`` when that read
+        says open; else the awaitable that decides (a read to wait for, or a change to write).
+        A model call asks twice per request: a coroutine for each would be most of its cost."""
         config = self.config_for(name)
-        current = await self._state(config.name)
-        now = breakers._clock()
-        allowed, new, retry_at, transition = decide(config, current, now)
-        if new == current:  # nothing to write: decided on a read recent enough (see max_age)
-            if not allowed:
-                raise breakers._open_error(config, current, now, retry_at)
-            self._report(transition)
-            return
-        try:
-            self._report(await asyncio.to_thread(breakers.before_call, config))  # a change: compare-and-set
-        finally:
-            breakers._shared(config.name).written(self.monotonic())
+        shared = self.breakers._shared(config.name)
+        current = shared.known(self.max_age, self.monotonic)
+        if current is None:
+            return self._before(config, shared)
+        return self._admit(config, current)
+
+    def settle(self, name: str, ok: bool) -> Awaitable[None] | None:
+        """``after``, deciding at once where it can (as ``admit``): None when recorded."""
+        config = self.config_for(name)
+        shared = self.breakers._shared(config.name)
+        current = shared.known(self.max_age, self.monotonic)
+        if current is None:
+            return self._after(config, shared, ok)
+        return self._record(config, current, ok)
+
+    async def before(self, name: str) -> None:
+        pending = self.admit(name)
+        if pending is not None:
+            await pending
 
     async def after(self, name: str, ok: bool) -> None:
+        pending = self.settle(name, ok)
+        if pending is not None:
+            await pending
+
+    def _admit(self, config: BreakerConfig, current: BreakerState) -> Awaitable[None] | None:
         breakers = self.breakers
-        config = self.config_for(name)
-        current = await self._state(config.name)
-        new, transition = record(config, current, breakers._clock(), ok)
-        if new == current:
-            self._report(transition)
-            return
+        now = breakers._clock()
+        allowed, new, retry_at, transition = decide(config, current, now)
+        if new != current:
+            return self._write(breakers.before_call, config)  # a change: compare-and-set
+        if not allowed:  # nothing to write: decided on a read recent enough (see max_age)
+            raise breakers._open_error(config, current, now, retry_at)
+        self._report(transition)
+        return None
+
+    def _record(self, config: BreakerConfig, current: BreakerState, ok: bool) -> Awaitable[None] | None:
+        new, transition = record(config, current, self.breakers._clock(), ok)
+        if new != current:
+            return self._write(self.breakers.after_call, config, ok)
+        self._report(transition)
+        return None
+
+    async def _before(self, config: BreakerConfig, shared: _SharedRead) -> None:
+        pending = self._admit(config, await asyncio.shield(shared.request(self.monotonic)))
+        if pending is not None:
+            await pending
+
+    async def _after(self, config: BreakerConfig, shared: _SharedRead, ok: bool) -> None:
+        pending = self._record(config, await asyncio.shield(shared.request(self.monotonic)), ok)
+        if pending is not None:
+            await pending
+
+    async def _write(self, change: Callable[..., Transition | None], config: BreakerConfig, *args: Any) -> None:
         try:
-            self._report(await asyncio.to_thread(breakers.after_call, config, ok))
+            self._report(await asyncio.to_thread(change, config, *args))
         finally:
-            breakers._shared(config.name).written(self.monotonic())
+            self.breakers._shared(config.name).written(self.monotonic())
 
 
 class _SharedRead:
@@ -254,10 +298,18 @@ class _SharedRead:
         self._last = None
 
     def known(self, max_age: float, monotonic: Callable[[], float]) -> BreakerState | None:
-        """The newest read's state if it began at most ``max_age`` ago, else None."""
+        """The newest read's state if it began at most ``max_age`` ago, else None. Past half that
+        age a read is begun ahead, which nobody waits for: under a steady flow of calls the state
+        is then refreshed before it expires, and callers decide at once instead of each of them
+        waiting for a read (the rule is the same: a read that began at most ``max_age`` before)."""
         last = self._last
-        if last is None or max_age <= 0 or monotonic() - last[0] > max_age:
+        if last is None or max_age <= 0:
             return None
+        age = monotonic() - last[0]
+        if age > max_age:
+            return None
+        if age > max_age / 2 and not self._busy:
+            self.request(monotonic)
         return last[1]
 
     def request(self, monotonic: Callable[[], float] = time.monotonic) -> asyncio.Future[BreakerState]:

@@ -76,13 +76,18 @@ class LoopClients:
 
     def get(self) -> httpx.AsyncClient:
         """The running loop's client (made now if it has none)."""
+        return self.pair()[0]
+
+    def pair(self) -> tuple[httpx.AsyncClient, WireTransport | None]:
+        """The running loop's client and, unless requests go through a proxy, the transport under it
+        (``wire()``), in one look-up: a model call asks for both."""
         loop = asyncio.get_running_loop()
         with self._lock:
             if self.closed:
                 raise RuntimeError("the HTTP clients are closed (the Orchestrator was closed)")
             client = self._clients.get(loop)
             if client is not None and not client.is_closed:
-                return client
+                return client, self._wires.get(loop)
             options = client_options(self._timeout)
             wire = WireTransport(verify=options["verify"],
                                  fallback=httpx.AsyncHTTPTransport(verify=options["verify"], limits=LIMITS))
@@ -95,15 +100,14 @@ class LoopClients:
             # shutdown_asyncgens() finalises it, which closes the client while the loop still runs.
             closer = _close_at_shutdown(client)
             self._closers[loop] = closer
+            wire_or_none = self._wires[loop]
         loop.create_task(_park(closer))
-        return client
+        return client, wire_or_none
 
     def wire(self) -> WireTransport | None:
         """The transport under the running loop's client, for a caller that sends through it
         directly (``AsyncLLM``); None when the client routes requests through a proxy."""
-        self.get()
-        with self._lock:
-            return self._wires.get(asyncio.get_running_loop())
+        return self.pair()[1]
 
     def clients(self) -> list[httpx.AsyncClient]:
         with self._lock:

@@ -46,13 +46,16 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from orchestrator.payload.redact import Redactor
 from orchestrator.tools.clients import DEFAULT_TIMEOUT, client_options
 from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError, ToolError
+
+if TYPE_CHECKING:
+    from orchestrator.tools.breakers import AsyncGate
 
 __all__ = ["HttpTool", "AsyncHttpTool", "DirectReply", "HttpVerbs", "parse_retry_after"]
 
@@ -343,8 +346,6 @@ class HttpTool(HttpVerbs, _Base):
         self.close()
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 class AsyncHttpTool(HttpVerbs, _Base):
@@ -374,7 +375,9 @@ class AsyncHttpTool(HttpVerbs, _Base):
         attempt, started = self._attempt_number(key), time.perf_counter()
         if self._breaker is not None:
             try:
-                await _maybe_await(self._breaker[0](name))
+                admitted = self._breaker[0](name)
+                if inspect.isawaitable(admitted):
+                    await admitted
             except CircuitOpenError as exc:
                 await self._emit(self._record(request, name, key, attempt, started, None, exc, sent=False))
                 raise
@@ -394,7 +397,9 @@ class AsyncHttpTool(HttpVerbs, _Base):
             if self._journal is not None else None  # (see HttpTool._send)
         try:
             if self._breaker is not None:
-                await _maybe_await(self._breaker[1](name, not isinstance(error, RetryableToolError)))
+                settled = self._breaker[1](name, not isinstance(error, RetryableToolError))
+                if inspect.isawaitable(settled):
+                    await settled
         finally:
             await self._emit(record)
         if error is not None:
@@ -403,17 +408,29 @@ class AsyncHttpTool(HttpVerbs, _Base):
         return response
 
     async def post_direct(self, wire: Any, url: httpx.URL, headers: list[tuple[bytes, bytes]], content: bytes,
-                          timeout: httpx.Timeout) -> DirectReply:
+                          timeout: httpx.Timeout, *, gate: AsyncGate | None = None,
+                          before_send: Callable[[], None] | None = None) -> DirectReply:
         """POST ``content`` to ``url`` through ``wire`` (``orchestrator.tools.wire.WireTransport``)
         without the client's layer, for a tool that journals nothing and sends no key of its own
-        (``AsyncLLM``'s): the breaker, ``before_send`` and the error mapping are ``request``'s."""
+        (``AsyncLLM``'s): the breaker, ``before_send`` and the error mapping are ``request``'s.
+
+        ``gate`` (``StoreBreakers.gate``) and ``before_send`` are this call's, for a tool that many
+        calls share: they stand in for the tool's own breaker hooks and ``before_send``."""
         if self._journal is not None or self._key is not None or self._durable is not None:
             raise RuntimeError("post_direct is for a tool without a journal, idempotency keys or durable calls")
         name = self.breaker_name or _breaker_name(url)
-        if self._breaker is not None:
-            await _maybe_await(self._breaker[0](name))
-        if self._before_send is not None:
-            self._before_send()
+        hooks = self._breaker
+        if gate is not None:
+            admitted = gate.admit(name)
+        elif hooks is not None:
+            admitted = hooks[0](name)
+        else:
+            admitted = None
+        if admitted is not None and inspect.isawaitable(admitted):
+            await admitted
+        before_send = before_send or self._before_send
+        if before_send is not None:
+            before_send()
         limits = timeout.as_dict()
         reply: DirectReply | None = None
         error: ToolError | None = None
@@ -426,8 +443,10 @@ class AsyncHttpTool(HttpVerbs, _Base):
             if status >= 400:
                 error = self._error_for_response(reply.response(), _direct_request(url, headers, content, limits),
                                                  name)
-        if self._breaker is not None:
-            await _maybe_await(self._breaker[1](name, not isinstance(error, RetryableToolError)))
+        ok = not isinstance(error, RetryableToolError)
+        settled = gate.settle(name, ok) if gate is not None else hooks[1](name, ok) if hooks is not None else None
+        if settled is not None and inspect.isawaitable(settled):
+            await settled
         if error is not None:
             raise error from None
         assert reply is not None
@@ -435,7 +454,9 @@ class AsyncHttpTool(HttpVerbs, _Base):
 
     async def _emit(self, record: dict[str, Any] | None) -> None:
         if self._journal is not None and record is not None:
-            await _maybe_await(self._journal(record))
+            emitted = self._journal(record)
+            if inspect.isawaitable(emitted):
+                await emitted
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -77,7 +77,14 @@ class ToolBox:
         ``AsyncLLM``'s calls, which skip the client's layer; None when requests go through a proxy."""
         return self._loop_clients().wire()
 
+    def async_pair(self) -> tuple[Any, Any]:
+        """``(async_client(), async_wire())`` in one look-up."""
+        return self._loop_clients().pair()
+
     def _loop_clients(self) -> Any:
+        aclients = self._aclients
+        if aclients is not None:  # (set once, under the lock; cleared only by close())
+            return aclients
         with self._lock:
             if self._aclients is None:
                 from orchestrator.tools.clients import LoopClients

@@ -233,3 +233,73 @@ def test_call_limits_wrap_async_breaker_hooks_and_an_open_breaker_takes_no_slot(
     with pytest.raises(CircuitOpenError):
         asyncio.run(scenario())
     assert store.slots.held("limited", now=T0) == 0
+
+
+def test_past_half_its_age_a_read_is_begun_ahead_and_decides_the_calls_after_the_old_one_expired(store):
+    # Given a gate deciding on reads up to a second old, and a call that read the healthy breaker
+    rows = GatedRows(store)
+    mono = Monotonic()
+    cfg = BreakerConfig(name="ahead", failure_threshold=3)
+    gate = StoreBreakers(rows, lambda: T0).gate(configs(cfg), max_age=1.0, monotonic=mono)
+
+    async def landed_before(now: float) -> None:
+        """Until a call at ``now`` finds a read recent enough to decide at once (the read begun ahead
+        has been handed to the loop): asked without time passing, only the loop turning."""
+        for _ in range(100_000):
+            pending = gate.admit(cfg.name) if mono.now == now else None
+            if pending is None:
+                return
+            pending.close()  # (not awaited: it asked for no read)
+            await asyncio.sleep(0)
+        raise AssertionError("the read begun ahead never landed")
+
+    async def scenario() -> tuple[int, object, int, int]:
+        await gate.before(cfg.name)
+        reads_first = rows.reads
+        # When a call asks past half the read's age, and another once the first read is too old
+        mono.now += 0.6
+        decided = gate.admit(cfg.name)
+        mono.now += 0.6
+        await landed_before(mono.now)
+        reads_after = rows.reads
+        await gate.before(cfg.name)
+        return reads_first, decided, reads_after, rows.reads
+
+    reads_first, decided, reads_after, reads_last = asyncio.run(scenario())
+    # Then the call past half the age was decided at once and began a read nobody waited for; the
+    # calls after the first read expired were decided on that one, with no read of their own
+    assert reads_first == 1
+    assert decided is None
+    assert reads_after == 2 and reads_last == 2
+
+
+def test_a_gate_decides_a_healthy_breaker_without_a_coroutine_and_an_open_one_fails_fast(store):
+    # Given a gate whose breaker opens at the first failure, and a call that read it closed
+    mono = Monotonic()
+    cfg = BreakerConfig(name="gate", failure_threshold=1, reset_timeout=60)
+    seen: list[dict] = []
+    gate = StoreBreakers(store, lambda: T0).gate(configs(cfg), seen.append, max_age=1.0, monotonic=mono)
+
+    async def scenario() -> tuple[object, object, object, BaseException | None]:
+        await gate.before(cfg.name)
+        # When the next call asks and succeeds, one fails, and one more asks
+        admitted = gate.admit(cfg.name)
+        settled = gate.settle(cfg.name, True)
+        failing = gate.settle(cfg.name, False)
+        await failing  # a change: written with compare-and-set
+        pending = gate.admit(cfg.name)
+        try:
+            if pending is not None:
+                await pending
+        except CircuitOpenError as exc:
+            return admitted, settled, pending, exc
+        return admitted, settled, pending, None
+
+    admitted, settled, pending, refused = asyncio.run(scenario())
+    # Then the healthy call was decided at once both ways; the failure was written, so the next call
+    # is decided on a fresh read (not on the one from before this process changed the breaker),
+    # which refuses it
+    assert admitted is None and settled is None
+    assert [(t["from"], t["to"]) for t in seen] == [("closed", "open")]
+    assert pending is not None
+    assert isinstance(refused, CircuitOpenError) and "'gate' is open" in str(refused)
