@@ -37,7 +37,7 @@ from typing import Any
 
 from orchestrator.engine.context import CALL_INDEX
 from orchestrator.engine.events import EventKind
-from orchestrator.engine.journal import ActiveRun, JournalWriter
+from orchestrator.engine.journal import ActiveRun, Encoded, JournalWriter
 from orchestrator.errors import (
     CallChangedError,
     CallFailedError,
@@ -144,10 +144,11 @@ class DurableExecution:
         self._timers = 0
 
     # durable calls
-    def _prepare(self, kind: str, request: Mapping[str, Any], if_changed: str) -> tuple[int, Any, Any, bool]:
-        """Number the call and find its journaled outcome: (index, journaled request, response or
-        ``_NOT_DONE``, whether it replaces a changed request). A journaled ``null`` response is a
-        response like any other; a journaled failure of this attempt is raised again."""
+    def _prepare(self, kind: str, request: Mapping[str, Any], if_changed: str) -> tuple[int, Any, str, Any, bool]:
+        """Number the call and find its journaled outcome: (index, journaled request, its journal
+        text, response or ``_NOT_DONE``, whether it replaces a changed request). A journaled
+        ``null`` response is a response like any other; a journaled failure of this attempt is
+        raised again."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"durable_call kind must be a non-empty string, got {kind!r}")
         if if_changed not in ("raise", "perform"):
@@ -166,35 +167,35 @@ class DurableExecution:
         if prior is not None:
             if prior["kind"] == kind and same_request(prior["request"], journaled_request):
                 if "error" not in prior:
-                    return index, journaled_request, prior["response"], False
+                    return index, journaled_request, text, prior["response"], False
                 if prior.get("attempt") == self.attempt:
                     # This attempt's call failed before a crash: its outcome is decided, raise it again
                     # rather than sending it twice (a retry, a later attempt, performs it anew).
                     raise recorded_error(prior["error"], self.step, index)
-                return index, journaled_request, _NOT_DONE, False
+                return index, journaled_request, text, _NOT_DONE, False
             if if_changed == "raise":
                 raise CallChangedError(_changed(self.step, index, prior, kind, journaled_request))
-            return index, journaled_request, _NOT_DONE, True
+            return index, journaled_request, text, _NOT_DONE, True
         if self.replay is not None:  # answered from the cassette, journaled as replayed
             response = self.replay.lookup(self.step, self.visit, index, kind, journaled_request)
-            return index, journaled_request, self._record(kind, index, journaled_request, response, 0.0,
-                                                          replayed=True), False
-        return index, journaled_request, _NOT_DONE, False
+            return index, journaled_request, text, self._record(kind, index, journaled_request, text, response, 0.0,
+                                                                replayed=True), False
+        return index, journaled_request, text, _NOT_DONE, False
 
-    def _record(self, kind: str, index: int, request: Any, response: Any, ms: float, *, replayed: bool = False,
-                replaced: bool = False, effect: Any = None) -> Any:
-        self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(kind, index, request, response, ms,
-                                                                                   replayed, replaced, effect))])
+    def _record(self, kind: str, index: int, request: Any, request_text: str, response: Any, ms: float, *,
+                replayed: bool = False, replaced: bool = False, effect: Any = None) -> Any:
+        self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(
+            kind, index, request, request_text, response, ms, replayed, replaced, effect))])
         return self.run.folded.calls[self.step][str(index)]["response"]
 
-    async def _arecord(self, kind: str, index: int, request: Any, response: Any, ms: float, *,
+    async def _arecord(self, kind: str, index: int, request: Any, request_text: str, response: Any, ms: float, *,
                        replaced: bool = False, effect: Any = None) -> Any:
-        data = self._completed(kind, index, request, response, ms, False, replaced, effect)
+        data = self._completed(kind, index, request, request_text, response, ms, False, replaced, effect)
         await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
         return self.run.folded.calls[self.step][str(index)]["response"]
 
-    def _completed(self, kind: str, index: int, request: Any, response: Any, ms: float, replayed: bool,
-                   replaced: bool, effect: Any) -> dict[str, Any]:
+    def _completed(self, kind: str, index: int, request: Any, request_text: str, response: Any, ms: float,
+                   replayed: bool, replaced: bool, effect: Any) -> dict[str, Any] | Encoded:
         """The ``CallCompleted`` event's data. An abandoned attempt records nothing: the in-memory part
         of the guard is asked first. The lease is not read again here: the append that journals this
         event carries the run's lease token and is refused by the store, in the same transaction, when
@@ -213,7 +214,9 @@ class DurableExecution:
             made = effect(response)
             if made:
                 data["effect"] = {"compensable": self.compensable, **made}
-        return data
+        # The request was encoded and redacted when the call was numbered (``_prepare``): its text
+        # goes into the event as it is.
+        return self.journal.with_parts(EventKind.CALL_COMPLETED, data, {"request": request_text})
 
     def _record_failure(self, kind: str, index: int, request: Any, exc: Exception, ms: float) -> None:
         if self.guard is not None:
@@ -232,7 +235,7 @@ class DurableExecution:
 
     def durable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Any], *,
                      if_changed: str = "raise", effect: Callable[[Any], dict[str, Any] | None] | None = None) -> Any:
-        index, journaled, response, replaced = self._prepare(kind, request, if_changed)
+        index, journaled, text, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
         if self.guard is not None:
@@ -248,13 +251,13 @@ class DurableExecution:
             CALL_INDEX.reset(position)
         if inspect.isawaitable(response):
             raise TypeError(f"durable_call in step {self.step!r} got a coroutine; use await ctx.adurable_call")
-        return self._record(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
+        return self._record(kind, index, journaled, text, response, (time.perf_counter() - started) * 1000,
                             replaced=replaced, effect=effect)
 
     async def adurable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Awaitable[Any]], *,
                             if_changed: str = "raise",
                             effect: Callable[[Any], dict[str, Any] | None] | None = None) -> Any:
-        index, journaled, response, replaced = self._prepare(kind, request, if_changed)
+        index, journaled, text, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
         if self.guard is not None:
@@ -270,7 +273,7 @@ class DurableExecution:
             raise
         finally:
             CALL_INDEX.reset(position)
-        return await self._arecord(kind, index, journaled, response, (time.perf_counter() - started) * 1000,
+        return await self._arecord(kind, index, journaled, text, response, (time.perf_counter() - started) * 1000,
                                     replaced=replaced, effect=effect)
 
     async def _aguard(self, guard: CallGuard) -> None:
