@@ -144,11 +144,10 @@ class DurableExecution:
         self._timers = 0
 
     # durable calls
-    def _prepare(self, kind: str, request: Mapping[str, Any], if_changed: str) -> tuple[int, Any, str, Any, bool]:
-        """Number the call and find its journaled outcome: (index, journaled request, its journal
-        text, response or ``_NOT_DONE``, whether it replaces a changed request). A journaled
-        ``null`` response is a response like any other; a journaled failure of this attempt is
-        raised again."""
+    def _prepare(self, kind: str, request: Mapping[str, Any], if_changed: str) -> tuple[int, str, Any, bool]:
+        """Number the call and find its journaled outcome: (index, the request's journal text,
+        response or ``_NOT_DONE``, whether it replaces a changed request). A journaled ``null``
+        response is a response like any other; a journaled failure of this attempt is raised again."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"durable_call kind must be a non-empty string, got {kind!r}")
         if if_changed not in ("raise", "perform"):
@@ -159,53 +158,55 @@ class DurableExecution:
         index = self._calls
         self._calls += 1
         # Redacted as the event will be: redaction changes nothing but secrets (whether the pre-filter
-        # fires on this request or, later, on the whole event), so this is what the journal will hold.
+        # fires on this request or, later, on the whole event), so this is what the journal will hold
+        # (and, put in place, what its event holds: ``JournalWriter.with_parts``). Decoded only to be
+        # compared with a journaled call or a cassette's.
         text = self.journal.redact(codec.dumps(dict(request), what=f"request of {kind} call {index} in step "
                                                                        f"{self.step!r}"))
-        journaled_request = codec.loads(text)
         prior = self.run.folded.calls.get(self.step, {}).get(str(index))
         if prior is not None:
+            journaled_request = codec.loads(text)
             if prior["kind"] == kind and same_request(prior["request"], journaled_request):
                 if "error" not in prior:
-                    return index, journaled_request, text, prior["response"], False
+                    return index, text, prior["response"], False
                 if prior.get("attempt") == self.attempt:
                     # This attempt's call failed before a crash: its outcome is decided, raise it again
                     # rather than sending it twice (a retry, a later attempt, performs it anew).
                     raise recorded_error(prior["error"], self.step, index)
-                return index, journaled_request, text, _NOT_DONE, False
+                return index, text, _NOT_DONE, False
             if if_changed == "raise":
                 raise CallChangedError(_changed(self.step, index, prior, kind, journaled_request))
-            return index, journaled_request, text, _NOT_DONE, True
+            return index, text, _NOT_DONE, True
         if self.replay is not None:  # answered from the cassette, journaled as replayed
-            response = self.replay.lookup(self.step, self.visit, index, kind, journaled_request)
-            return index, journaled_request, text, self._record(kind, index, journaled_request, text, response, 0.0,
-                                                                replayed=True), False
-        return index, journaled_request, text, _NOT_DONE, False
+            response = self.replay.lookup(self.step, self.visit, index, kind, codec.loads(text))
+            return index, text, self._record(kind, index, text, response, 0.0, replayed=True), False
+        return index, text, _NOT_DONE, False
 
-    def _record(self, kind: str, index: int, request: Any, request_text: str, response: Any, ms: float, *,
+    def _record(self, kind: str, index: int, request: str, response: Any, ms: float, *,
                 replayed: bool = False, replaced: bool = False, effect: Any = None) -> Any:
         self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(
-            kind, index, request, request_text, response, ms, replayed, replaced, effect))])
+            kind, index, request, response, ms, replayed, replaced, effect))])
         return self.run.folded.calls[self.step][str(index)]["response"]
 
-    async def _arecord(self, kind: str, index: int, request: Any, request_text: str, response: Any, ms: float, *,
+    async def _arecord(self, kind: str, index: int, request: str, response: Any, ms: float, *,
                        replaced: bool = False, effect: Any = None) -> Any:
-        data = self._completed(kind, index, request, request_text, response, ms, False, replaced, effect)
+        data = self._completed(kind, index, request, response, ms, False, replaced, effect)
         await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
         return self.run.folded.calls[self.step][str(index)]["response"]
 
-    def _completed(self, kind: str, index: int, request: Any, request_text: str, response: Any, ms: float,
-                   replayed: bool, replaced: bool, effect: Any) -> dict[str, Any] | Encoded:
-        """The ``CallCompleted`` event's data. An abandoned attempt records nothing: the in-memory part
-        of the guard is asked first. The lease is not read again here: the append that journals this
-        event carries the run's lease token and is refused by the store, in the same transaction, when
-        the token is stale (store/_journal.py: ``append_one``'s INSERT ... SELECT matches only the
-        current token; ``append_tx`` and a group commit read the token under the run row's lock), so a
-        fenced attempt records nothing either (invariant 6) without a read of its own."""
+    def _completed(self, kind: str, index: int, request: str, response: Any, ms: float, replayed: bool,
+                   replaced: bool, effect: Any) -> dict[str, Any] | Encoded:
+        """The ``CallCompleted`` event (``request``: its journal text, from ``_prepare``). An abandoned
+        attempt records nothing: the in-memory part of the guard is asked first. The lease is not
+        read again here: the append that journals this event carries the run's lease token and is
+        refused by the store, in the same transaction, when the token is stale (store/_journal.py:
+        ``append_one``'s INSERT ... SELECT matches only the current token; ``append_tx`` and a group
+        commit read the token under the run row's lock), so a fenced attempt records nothing either
+        (invariant 6) without a read of its own."""
         if self.guard is not None:
             self.guard.attempt()
         data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": index, "kind": kind,
-                                "request": request, "response": response, "ms": round(ms, 3)}
+                                "response": response, "ms": round(ms, 3)}
         if replayed:
             data["replayed"] = True
         if replaced:
@@ -214,11 +215,10 @@ class DurableExecution:
             made = effect(response)
             if made:
                 data["effect"] = {"compensable": self.compensable, **made}
-        # The request was encoded and redacted when the call was numbered (``_prepare``): its text
-        # goes into the event as it is.
-        return self.journal.with_parts(EventKind.CALL_COMPLETED, data, {"request": request_text})
+        # The request was encoded and redacted when the call was numbered: its text goes in as it is.
+        return self.journal.with_parts(EventKind.CALL_COMPLETED, data, {"request": request})
 
-    def _record_failure(self, kind: str, index: int, request: Any, exc: Exception, ms: float) -> None:
+    def _record_failure(self, kind: str, index: int, request: str, exc: Exception, ms: float) -> None:
         if self.guard is not None:
             try:
                 self.guard()
@@ -229,13 +229,13 @@ class DurableExecution:
             value = getattr(exc, name, None)
             if value is not None:
                 error[name] = value
-        self.journal.commit(self.run, [(EventKind.CALL_FAILED, {
-            "step": self.step, "tick": self.tick, "index": index, "kind": kind, "request": request,
-            "error": error, "attempt": self.attempt, "ms": round(ms, 3)})])
+        self.journal.commit(self.run, [(EventKind.CALL_FAILED, self.journal.with_parts(EventKind.CALL_FAILED, {
+            "step": self.step, "tick": self.tick, "index": index, "kind": kind, "error": error,
+            "attempt": self.attempt, "ms": round(ms, 3)}, {"request": request}))])
 
     def durable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Any], *,
                      if_changed: str = "raise", effect: Callable[[Any], dict[str, Any] | None] | None = None) -> Any:
-        index, journaled, text, response, replaced = self._prepare(kind, request, if_changed)
+        index, text, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
         if self.guard is not None:
@@ -245,19 +245,19 @@ class DurableExecution:
         try:
             response = perform()
         except Exception as exc:
-            self._record_failure(kind, index, journaled, exc, (time.perf_counter() - started) * 1000)
+            self._record_failure(kind, index, text, exc, (time.perf_counter() - started) * 1000)
             raise
         finally:
             CALL_INDEX.reset(position)
         if inspect.isawaitable(response):
             raise TypeError(f"durable_call in step {self.step!r} got a coroutine; use await ctx.adurable_call")
-        return self._record(kind, index, journaled, text, response, (time.perf_counter() - started) * 1000,
+        return self._record(kind, index, text, response, (time.perf_counter() - started) * 1000,
                             replaced=replaced, effect=effect)
 
     async def adurable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Awaitable[Any]], *,
                             if_changed: str = "raise",
                             effect: Callable[[Any], dict[str, Any] | None] | None = None) -> Any:
-        index, journaled, text, response, replaced = self._prepare(kind, request, if_changed)
+        index, text, response, replaced = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
         if self.guard is not None:
@@ -269,11 +269,11 @@ class DurableExecution:
             if inspect.isawaitable(response):
                 response = await response
         except Exception as exc:
-            self._record_failure(kind, index, journaled, exc, (time.perf_counter() - started) * 1000)
+            self._record_failure(kind, index, text, exc, (time.perf_counter() - started) * 1000)
             raise
         finally:
             CALL_INDEX.reset(position)
-        return await self._arecord(kind, index, journaled, text, response, (time.perf_counter() - started) * 1000,
+        return await self._arecord(kind, index, text, response, (time.perf_counter() - started) * 1000,
                                     replaced=replaced, effect=effect)
 
     async def _aguard(self, guard: CallGuard) -> None:

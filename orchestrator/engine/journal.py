@@ -169,23 +169,23 @@ class JournalWriter:
                 for kind, data in batch]
 
     def with_parts(self, kind: str, data: dict[str, Any], parts: dict[str, str]) -> dict[str, Any] | Encoded:
-        """``data`` as an event whose values under the keys of ``parts`` are already encoded and
-        redacted for the journal: the texts in ``parts`` (a durable call's request, redacted when the
-        call was numbered). The rest is encoded and redacted here and the texts are put after it
-        as they are, instead of encoding and redacting them a second time: a conversation of 20 KB
-        cost a model call about a millisecond of CPU for that alone.
+        """The event ``data`` with, after its keys, the keys of ``parts`` whose values are texts
+        already encoded and redacted for the journal (a durable call's request, redacted when the
+        call was numbered). The rest is encoded and redacted here and the texts are put after it as
+        they are, instead of being decoded, encoded and redacted a second time: a conversation of
+        20 KB cost a model call about a millisecond of CPU for that alone.
 
-        The text is what encoding ``data`` whole gives (keys aside: the parts come last), because
-        redaction judges each JSON string by itself and a sensitive key by its own name. Not when the
-        user's own patterns are in force (they may match across strings) or a part's key is itself a
-        sensitive name: then ``data`` is handed back, to be encoded whole."""
+        The text is what encoding the whole event gives (its keys aside: the parts come last),
+        because redaction judges each JSON string by itself and a sensitive key by its own name. Not
+        when the user's own patterns are in force (they may match across strings) or a part's key is
+        itself a sensitive name: then the whole event is handed back (the parts decoded), to be
+        encoded whole."""
         redactor = self.redact.redactor
         if redactor.patterns or any(redactor.is_sensitive(key) for key in parts):
-            return data
-        rest = {key: value for key, value in data.items() if key not in parts}
-        text = self.redact(codec.dumps(rest, what=f"{kind} event"))
+            return {**data, **{key: codec.loads(part) for key, part in parts.items()}}
+        text = self.redact(codec.dumps(data, what=f"{kind} event"))
         placed = ",".join(f"{json.dumps(key)}:{part}" for key, part in parts.items())
-        return Encoded(f"{text[:-1]},{placed}}}" if rest else f"{{{placed}}}")
+        return Encoded(f"{text[:-1]},{placed}}}" if data else f"{{{placed}}}")
 
     def _wait_behind(self, run: ActiveRun, entry: Entry) -> None:
         """Block until ``entry``, queued behind grouped appends of its run, is written; its error breaks the run."""
