@@ -390,6 +390,7 @@ class AsyncLLM(_Base):
         self._sleep = sleep
         self._clients = LoopClients(self.timeout)  # for calls outside an Orchestrator: one per event loop
         self._wire_headers: list[tuple[bytes, bytes]] | None = None  # see acomplete
+        self._wire_head: bytes | None = None  # the request line and those headers, checked once
         # The tool a direct call maps its errors with, one per ToolBox (its redactor): it holds
         # nothing of a call, whose breaker gate is handed to it per call.
         self._direct: weakref.WeakKeyDictionary[Any, AsyncHttpTool] = weakref.WeakKeyDictionary()
@@ -422,6 +423,7 @@ class AsyncLLM(_Base):
                 built = client.build_request("POST", self._url, headers=self._http_headers(), json={})
                 self._wire_headers = [(name, value) for name, value in built.headers.raw
                                       if name.lower() not in (b"host", b"content-length")]
+                self._wire_head = wire.head(b"POST", self._url, self._wire_headers)
             content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         else:  # through the client: a proxy from the environment applies
             tool = AsyncHttpTool(client=client, redactor=step_tools.redactor if step_tools else Redactor(),
@@ -437,7 +439,7 @@ class AsyncLLM(_Base):
                 try:
                     if wire is not None:
                         response = await tool.post_direct(wire, self._url, self._wire_headers, content, self.timeout,
-                                                          gate=gate)
+                                                          gate=gate, head=self._wire_head)
                     else:
                         response = await tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
                 except RetryableToolError as exc:

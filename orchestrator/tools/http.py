@@ -409,13 +409,14 @@ class AsyncHttpTool(HttpVerbs, _Base):
 
     async def post_direct(self, wire: Any, url: httpx.URL, headers: list[tuple[bytes, bytes]], content: bytes,
                           timeout: httpx.Timeout, *, gate: AsyncGate | None = None,
-                          before_send: Callable[[], None] | None = None) -> DirectReply:
+                          before_send: Callable[[], None] | None = None, head: bytes | None = None) -> DirectReply:
         """POST ``content`` to ``url`` through ``wire`` (``orchestrator.tools.wire.WireTransport``)
         without the client's layer, for a tool that journals nothing and sends no key of its own
         (``AsyncLLM``'s): the breaker, ``before_send`` and the error mapping are ``request``'s.
 
         ``gate`` (``StoreBreakers.gate``) and ``before_send`` are this call's, for a tool that many
-        calls share: they stand in for the tool's own breaker hooks and ``before_send``."""
+        calls share: they stand in for the tool's own breaker hooks and ``before_send``. ``head``:
+        ``wire.head(b"POST", url, headers)``, for a caller that made it once."""
         if self._journal is not None or self._key is not None or self._durable is not None:
             raise RuntimeError("post_direct is for a tool without a journal, idempotency keys or durable calls")
         name = self.breaker_name or _breaker_name(url)
@@ -435,7 +436,7 @@ class AsyncHttpTool(HttpVerbs, _Base):
         reply: DirectReply | None = None
         error: ToolError | None = None
         try:
-            status, reason, raw, body = await wire.exchange(b"POST", url, headers, content, limits)
+            status, reason, raw, body = await wire.exchange(b"POST", url, headers, content, limits, head)
         except httpx.HTTPError as exc:
             error = self._error_for_exception(exc, _direct_request(url, headers, content, limits), name)
         else:

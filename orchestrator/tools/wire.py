@@ -290,15 +290,25 @@ class WireTransport(httpx.AsyncBaseTransport):
         return httpx.Response(conn.status, headers=conn.headers, stream=_Body(conn, self, key),
                               extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason})
 
+    @staticmethod
+    def head(method: bytes, url: httpx.URL, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """``exchange``'s request line and headers, ``Host`` added and checked, without the
+        ``Content-Length`` each request adds: for a caller that sends many requests alike
+        (``AsyncLLM``), which makes it once and hands it to ``exchange``."""
+        return _head(method, url.raw_path, [(b"Host", url.netloc), *headers], end=False)
+
     async def exchange(self, method: bytes, url: httpx.URL, headers: list[tuple[bytes, bytes]], content: bytes,
-                       timeout: dict[str, float | None]) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes]:
+                       timeout: dict[str, float | None],
+                       head: bytes | None = None) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes]:
         """One request, its whole response read: ``(status, reason, headers, body)``. Without httpx's
         client layer (no cookies, auth flows, redirects or content decoding: the body is as sent),
         for callers that need none of them (``AsyncLLM``). ``headers`` are sent as given, with
-        ``Host`` and ``Content-Length`` added. Errors are httpx's exceptions, without a request."""
+        ``Host`` and ``Content-Length`` added (``head``: ``head(method, url, headers)``, made
+        before). Errors are httpx's exceptions, without a request."""
         key = _origin(url)
-        head = _head(method, url.raw_path, [(b"Host", url.netloc), *headers,
-                                            (b"Content-Length", str(len(content)).encode())])
+        if head is None:
+            head = self.head(method, url, headers)
+        head = b"%sContent-Length: %d\r\n\r\n" % (head, len(content))
         conn = await self._open(key, head, content, timeout, streamed=False)
         try:
             while not conn.complete and conn.error is None:
@@ -380,8 +390,9 @@ class WireTransport(httpx.AsyncBaseTransport):
         await self._fallback.aclose()
 
 
-def _head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The request line and headers, refusing anything that would split the request."""
+def _head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], *, end: bool = True) -> bytes:
+    """The request line and headers (and, with ``end``, the blank line after them), refusing
+    anything that would split the request."""
     for name, value in headers:
         if not _TOKEN.fullmatch(name):
             raise httpx.LocalProtocolError(f"invalid header name {name!r}")
@@ -393,7 +404,8 @@ def _head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> b
     lines = [method, b" ", target, b" HTTP/1.1\r\n"]
     for name, value in headers:
         lines += (name, b": ", value, b"\r\n")
-    lines.append(b"\r\n")
+    if end:
+        lines.append(b"\r\n")
     return b"".join(lines)
 
 

@@ -332,3 +332,27 @@ def test_a_proxy_from_the_environment_keeps_every_request_on_the_client(monkeypa
     client, wire = run(main())
     # Then there is no direct path around the client (AsyncLLM sends through the client instead)
     assert client is not None and wire is None
+
+
+def test_a_head_made_once_sends_the_same_bytes_as_one_made_per_request_and_is_checked_when_made():
+    # Given a direct exchange whose request line and headers are made once, and one made per request
+    async def main() -> list[bytes]:
+        async with RawServer(lambda n, req: ok(b"{}")) as server:
+            wire = WireTransport()
+            url = httpx.URL(server.url + "/v1/chat?x=1")
+            headers = [(b"Content-Type", b"application/json"), (b"Authorization", b"Bearer k")]
+            head = wire.head(b"POST", url, headers)
+            # When both send a body
+            await wire.exchange(b"POST", url, headers, b'{"a":1}', {"read": HANG}, head)
+            await wire.exchange(b"POST", url, headers, b'{"a":1}', {"read": HANG})
+            await wire.aclose()
+            return server.requests
+
+    first, second = run(main())
+    # Then the server read the same request twice, its length counted per body
+    assert first == second
+    assert first.startswith(b"POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert first.endswith(b"Content-Length: 7\r\n\r\n{\"a\":1}")
+    # And a header that would split the request is refused when the head is made
+    with pytest.raises(httpx.LocalProtocolError, match="line break"):
+        WireTransport.head(b"POST", httpx.URL("http://h/"), [(b"X-A", b"a\r\nX-B: b")])
