@@ -409,14 +409,14 @@ class AsyncHttpTool(HttpVerbs, _Base):
 
     async def post_direct(self, wire: Any, url: httpx.URL, headers: list[tuple[bytes, bytes]], content: bytes,
                           timeout: httpx.Timeout, *, gate: AsyncGate | None = None,
-                          before_send: Callable[[], None] | None = None, head: bytes | None = None) -> DirectReply:
+                          head: bytes | None = None) -> DirectReply:
         """POST ``content`` to ``url`` through ``wire`` (``orchestrator.tools.wire.WireTransport``)
         without the client's layer, for a tool that journals nothing and sends no key of its own
         (``AsyncLLM``'s): the breaker, ``before_send`` and the error mapping are ``request``'s.
 
-        ``gate`` (``StoreBreakers.gate``) and ``before_send`` are this call's, for a tool that many
-        calls share: they stand in for the tool's own breaker hooks and ``before_send``. ``head``:
-        ``wire.head(b"POST", url, headers)``, for a caller that made it once."""
+        ``gate`` (``StoreBreakers.gate``) is this call's breaker, for a tool that many calls share:
+        it stands in for the tool's own breaker hooks. ``head``: ``wire.head(b"POST", url, headers)``,
+        for a caller that made it once."""
         if self._journal is not None or self._key is not None or self._durable is not None:
             raise RuntimeError("post_direct is for a tool without a journal, idempotency keys or durable calls")
         name = self.breaker_name or _breaker_name(url)
@@ -429,9 +429,8 @@ class AsyncHttpTool(HttpVerbs, _Base):
             admitted = None
         if admitted is not None and inspect.isawaitable(admitted):
             await admitted
-        before_send = before_send or self._before_send
-        if before_send is not None:
-            before_send()
+        if self._before_send is not None:
+            self._before_send()
         limits = timeout.as_dict()
         reply: DirectReply | None = None
         error: ToolError | None = None

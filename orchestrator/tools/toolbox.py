@@ -72,13 +72,10 @@ class ToolBox:
         (``ctx.ahttp``, ``AsyncLLM``): one pool of kept-alive connections per loop."""
         return self._loop_clients().get()
 
-    def async_wire(self) -> Any:
-        """The transport under ``async_client()`` (``orchestrator.tools.wire.WireTransport``), for
-        ``AsyncLLM``'s calls, which skip the client's layer; None when requests go through a proxy."""
-        return self._loop_clients().wire()
-
     def async_pair(self) -> tuple[Any, Any]:
-        """``(async_client(), async_wire())`` in one look-up."""
+        """``async_client()`` and the transport under it (``orchestrator.tools.wire.WireTransport``),
+        for ``AsyncLLM``'s calls, which skip the client's layer; the transport is None when requests
+        go through a proxy."""
         return self._loop_clients().pair()
 
     def _loop_clients(self) -> Any:
