@@ -19,17 +19,11 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from explorer_calls import outgoing_calls_instrumented
 from explorer_flows import FLOWS
 from explorer_group import Group, drive_group, new_process, run_ids
-from explorer_harness import (
-    T0,
-    Plan,
-    Process,
-    World,
-    drive,
-    make_orchestrator,
-    outgoing_calls_instrumented,
-)
+from explorer_harness import World, drive, make_orchestrator
+from explorer_process import T0, Plan, Process
 
 from orchestrator.testing import FakeClock
 

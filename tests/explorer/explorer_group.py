@@ -38,19 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from explorer_harness import (
-    CURRENT,
-    LEASE_TTL,
-    T0,
-    Plan,
-    Process,
-    ProcessDied,
-    World,
-    abandon,
-    make_orchestrator,
-    run_tag,
-    watch_committer,
-)
+from explorer_harness import World, abandon, make_orchestrator
+from explorer_process import CURRENT, LEASE_TTL, T0, Plan, Process, ProcessDied
+from explorer_store import run_tag, watch_committer
 
 from orchestrator import Orchestrator, RunResult
 from orchestrator.engine import TERMINAL_STATUSES

@@ -15,16 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from explorer_calls import outgoing_calls_instrumented
 from explorer_flows import FLOWS, Flow
-from explorer_harness import (
-    CURRENT,
-    Plan,
-    Process,
-    World,
-    check,
-    explore,
-    outgoing_calls_instrumented,
-)
+from explorer_harness import World, check, explore
+from explorer_process import CURRENT, Plan, Process
 
 from workflows import END, Workflow
 

@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from explorer_calls import outgoing_calls_instrumented
 from explorer_group import (
     check_fault,
     check_group,
@@ -45,7 +46,7 @@ from explorer_group import (
     explore_group,
     targets,
 )
-from explorer_harness import Plan, outgoing_calls_instrumented
+from explorer_process import Plan
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -19,15 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from explorer_calls import outgoing_calls_instrumented
 from explorer_flows import FLOWS
-from explorer_harness import (
-    Plan,
-    check,
-    check_reference,
-    explore,
-    only,
-    outgoing_calls_instrumented,
-)
+from explorer_harness import check, check_reference, explore, only
+from explorer_process import Plan
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

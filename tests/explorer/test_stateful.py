@@ -23,19 +23,10 @@ import json
 from collections import Counter
 
 import pytest
+from explorer_calls import outgoing_calls_instrumented
 from explorer_flows import Approval
-from explorer_harness import (
-    CURRENT,
-    LEASE_TTL,
-    T0,
-    Plan,
-    Process,
-    ProcessDied,
-    World,
-    abandon,
-    make_orchestrator,
-    outgoing_calls_instrumented,
-)
+from explorer_harness import World, abandon, make_orchestrator
+from explorer_process import CURRENT, LEASE_TTL, T0, Plan, Process, ProcessDied
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (

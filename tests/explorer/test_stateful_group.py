@@ -21,6 +21,7 @@ import json
 from collections import Counter
 
 import pytest
+from explorer_calls import outgoing_calls_instrumented
 from explorer_group import (
     RUNS,
     STATUS,
@@ -31,17 +32,9 @@ from explorer_group import (
     new_process,
     run_ids,
 )
-from explorer_harness import (
-    CURRENT,
-    LEASE_TTL,
-    T0,
-    Plan,
-    ProcessDied,
-    World,
-    make_orchestrator,
-    outgoing_calls_instrumented,
-    run_tag,
-)
+from explorer_harness import World, make_orchestrator
+from explorer_process import CURRENT, LEASE_TTL, T0, Plan, ProcessDied
+from explorer_store import run_tag
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (

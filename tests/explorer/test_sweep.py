@@ -18,15 +18,10 @@ point: ``EXPLORER_ONLY=trip:17 python -m pytest tests/explorer/test_sweep.py -k 
 from __future__ import annotations
 
 import pytest
+from explorer_calls import outgoing_calls_instrumented
 from explorer_flows import FLOWS
-from explorer_harness import (
-    Plan,
-    check,
-    check_reference,
-    explore,
-    only,
-    outgoing_calls_instrumented,
-)
+from explorer_harness import check, check_reference, explore, only
+from explorer_process import Plan
 
 
 def sweep(kind: str, name: str, db_url: str, chat_url: str, backend: str, explored: dict) -> None:

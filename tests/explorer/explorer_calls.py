@@ -1,0 +1,127 @@
+"""The explorer's outgoing calls: a simulated process's crash points around every HTTP request.
+
+While inside ``outgoing_calls_instrumented()``, a request made on behalf of the current ``Process``
+passes a crash point before it leaves (``send``) and one after the service answered but before
+anything was journaled about it (``sent``), for ``ctx.http``, tool calls and model calls alike
+(httpx's transports and the async client's ``WireTransport``, including the direct path
+``AsyncLLM`` takes, are wrapped while a process is current). The simulated processes also share one
+TLS context per setting (only speed changes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import httpx._transports.default as _httpx_default
+from explorer_process import CURRENT, Process
+
+from orchestrator.tools.wire import WireTransport
+
+_http_lock = threading.Lock()
+_http_depth = 0
+_REAL_SYNC = httpx.HTTPTransport.handle_request
+_REAL_ASYNC = httpx.AsyncHTTPTransport.handle_async_request
+_REAL_SSL = _httpx_default.create_ssl_context
+# The shared async client's own transport, and the direct path AsyncLLM takes through it.
+_REAL_WIRE = WireTransport.handle_async_request
+_REAL_EXCHANGE = WireTransport.exchange
+_ssl_contexts: dict[str, Any] = {}
+
+
+def _shared_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+    # Every simulated process builds its own httpx clients, and each would load the system's CA
+    # bundle again (~50 ms): the explorer's requests go to plain-HTTP loopback services, so one
+    # context per setting serves them all. Only speed changes; connections stay per client.
+    key = repr((verify, cert, trust_env))
+    if key not in _ssl_contexts:
+        _ssl_contexts[key] = _REAL_SSL(verify, cert, trust_env)
+    return _ssl_contexts[key]
+
+
+def _request_label(process: Process, request: httpx.Request) -> str:
+    """``POST /flights``; for a group's runs, the endpoint and the query that names the run
+    (``DELETE /cars?run=r2``: a booking's id depends on how the runs interleaved, the run does not)."""
+    return _label_for(process, request.method, request.url)
+
+
+def _label_for(process: Process, method: str, url: httpx.URL) -> str:
+    if not process.tag_runs:
+        return f"{method} {url.path}"
+    endpoint = "/" + url.path.strip("/").split("/")[0]
+    query = url.query.decode()
+    return f"{method} {endpoint}" + (f"?{query}" if query else "")
+
+
+def _sync_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+    process = CURRENT.get()
+    if process is None:
+        return _REAL_SYNC(self, request)
+    label = _request_label(process, request)
+    process.point(f"send {label}")
+    response = _REAL_SYNC(self, request)
+    response.read()
+    process.point(f"sent {label}")  # the service acted; nothing about its answer is journaled yet
+    return response
+
+
+def _async_points(real: Callable[..., Any], passes_on: Callable[[Any, httpx.Request], bool] | None = None
+                  ) -> Callable[..., Any]:
+    """An async transport's ``handle_async_request`` with the send/sent points around ``real``;
+    a request ``passes_on`` says the transport hands to another one is counted there instead."""
+
+    async def request_with_points(self: Any, request: httpx.Request) -> httpx.Response:
+        process = CURRENT.get()
+        if process is None or (passes_on is not None and passes_on(self, request)):
+            return await real(self, request)
+        label = _request_label(process, request)
+        process.point(f"send {label}")
+        response = await real(self, request)
+        await response.aread()
+        process.point(f"sent {label}")
+        return response
+
+    return request_with_points
+
+
+_async_request = _async_points(_REAL_ASYNC)
+# (WireTransport hands HEAD, streamed uploads and upgrades to httpx's transport, which counts them)
+_wire_request = _async_points(_REAL_WIRE, lambda transport, request: not transport._ours(request))
+
+
+async def _wire_exchange(self: WireTransport, method: bytes, url: httpx.URL, *args: Any) -> Any:
+    process = CURRENT.get()
+    if process is None:
+        return await _REAL_EXCHANGE(self, method, url, *args)
+    label = _label_for(process, method.decode(), url)
+    process.point(f"send {label}")
+    reply = await _REAL_EXCHANGE(self, method, url, *args)
+    process.point(f"sent {label}")
+    return reply
+
+
+@contextlib.contextmanager
+def outgoing_calls_instrumented() -> Iterator[None]:
+    """While inside: HTTP requests made on behalf of a current ``Process`` pass its crash points."""
+    global _http_depth
+    with _http_lock:
+        _http_depth += 1
+        httpx.HTTPTransport.handle_request = _sync_request  # type: ignore[method-assign]
+        httpx.AsyncHTTPTransport.handle_async_request = _async_request  # type: ignore[method-assign]
+        WireTransport.handle_async_request = _wire_request  # type: ignore[method-assign]
+        WireTransport.exchange = _wire_exchange  # type: ignore[method-assign]
+        _httpx_default.create_ssl_context = _shared_ssl_context
+    try:
+        yield
+    finally:
+        with _http_lock:
+            _http_depth -= 1
+            if _http_depth == 0:
+                httpx.HTTPTransport.handle_request = _REAL_SYNC  # type: ignore[method-assign]
+                httpx.AsyncHTTPTransport.handle_async_request = _REAL_ASYNC  # type: ignore[method-assign]
+                WireTransport.handle_async_request = _REAL_WIRE  # type: ignore[method-assign]
+                WireTransport.exchange = _REAL_EXCHANGE  # type: ignore[method-assign]
+                _httpx_default.create_ssl_context = _REAL_SSL
