@@ -90,7 +90,9 @@ class Workflow:
             self.reducers.update(reducers_of_model(state, workflow=name))
         for field_name, reducer in (reducers or {}).items():
             self.reducers[field_name] = check_reducer(field_name, reducer, workflow=name)
-        # Where the workflow object lives, so a run can record how to import it again.
+        # The module the workflow is defined in: functions of it are named in the graph's identity
+        # without their module, whose name depends on how the app was loaded (Step.describe). A
+        # run never records it (invariant 11).
         caller = sys._getframe(1).f_globals
         self.module: str | None = caller.get("__name__")
         self.module_file: str | None = caller.get("__file__")
@@ -341,7 +343,7 @@ class Workflow:
         """The graph as data: steps, edges, routers, joins. Recorded on every run."""
         return {
             "name": self.name,
-            "steps": [self.steps[n].describe() for n in sorted(self.steps)],
+            "steps": [self.steps[n].describe(home=self.module) for n in sorted(self.steps)],
             "edges": sorted([src, t] for src, ts in self.edges.items() for t in ts),
             "routes": sorted(
                 [src, _callable_name(r), sorted(d) if d is not None else None] for src, (r, d) in self.routes.items()

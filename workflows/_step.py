@@ -47,8 +47,9 @@ class Step:
         """Whether a durable StepStarted is committed before the step runs (always for effects)."""
         return self.effect or self.durable_start
 
-    def describe(self) -> dict[str, Any]:
-        """The part of the step that belongs to the graph's identity (no function bodies)."""
+    def describe(self, *, home: str | None = None) -> dict[str, Any]:
+        """The part of the step that belongs to the graph's identity (no function bodies). ``home``
+        is the module the workflow was defined in (see ``_function_name``)."""
         out: dict[str, Any] = {"name": self.name}
         if self.start:
             out["start"] = True
@@ -59,12 +60,29 @@ class Step:
         if self.compensate is not None:
             # Which compensation undoes the effect is part of what a run was started under: a run
             # must not be compensated by other code without saying so (GraphChangedError).
-            out["compensate"] = self.compensate if isinstance(self.compensate, str) else _qualname(self.compensate)
+            homes = {home, getattr(self.fn, "__module__", None)}
+            out["compensate"] = (self.compensate if isinstance(self.compensate, str)
+                                 else _function_name(self.compensate, homes=homes))
         return out
 
 
-def _qualname(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+def _function_name(fn: Any, *, homes: set[str | None]) -> str:
+    """How the graph's identity names ``fn``: by its qualified name alone when it lives in one of
+    the ``homes`` (the modules of the workflow and of the step function), else as ``module:qualname``.
+
+    The name must not depend on how the app was loaded or where it sits on disk: the functions of
+    one file are in ``__main__`` under ``python agent.py``, in a module named after the file's
+    absolute path under ``agentsaga resume --app agent.py``, and in ``mypkg.agents`` when imported.
+    A run started one way must resume the other way, and after the project directory moved. A
+    function of another module is imported by that module's own name, the same whichever way the
+    app was loaded, so its module stays part of the name: ``flights:cancel`` is not
+    ``hotels:cancel``. The colon also tells this form from the ``module.qualname`` that older
+    versions recorded (read by ``orchestrator/engine/graph_changes.py``)."""
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None)
+    if module is None or module in homes:
+        return qualname
+    return f"{module}:{qualname}"
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:

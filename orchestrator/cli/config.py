@@ -4,10 +4,14 @@ Where the command line finds the workflows it may drive, first match wins:
 
 1. modules named on the command line: ``agentsaga worker mypkg.agents``, ``--app mypkg.agents``
    (repeatable) on every verb that drives runs;
-2. ``AGENTSAGA_APP`` (comma-separated, relative paths resolved in the working directory);
+2. ``AGENTSAGA_APP`` (comma-separated);
 3. a project config, found by walking up from the working directory: ``agentsaga.toml``, or
    ``pyproject.toml`` with a ``[tool.agentsaga]`` table (in one directory ``agentsaga.toml`` wins).
    Relative paths and modules in it are resolved relative to that file's directory.
+
+Modules and relative paths of 1 and 2 are resolved in the working directory: a module is looked
+for there first, as ``python -m`` does (``engine/loader.py``), whether the CLI runs as the
+``agentsaga`` script or as ``python -m orchestrator.cli``.
 
 The config file (every key optional; an unknown key or a wrong type is an error naming the file)::
 

@@ -370,6 +370,8 @@ class Engine:
         first = self.store.events(rec.run_id, after_seq=0, until_seq=1)
         old_graph = codec.loads(first[0].data).get("graph", {}) if first else {}
         diffs = graph_differences(old_graph, wf.describe())
+        if not diffs and rec.version == wf.version:
+            return  # the same graph, described otherwise by an older agentsaga (engine/graph_changes.py)
         if rec.version != wf.version:
             diffs.insert(0, f"version {rec.version!r} -> {wf.version!r}")
         allowed = self.config.allow_graph_change if allow is None else allow

@@ -18,8 +18,13 @@ Two shapes of spec:
 
 ``base`` is the directory relative paths and modules are resolved in (a config file's directory;
 the working directory by default): a file path is joined to it, and it is put first on
-``sys.path`` while a module is imported, so ``app = "agents.flows"`` next to ``agentsaga.toml``
-works from any sub-directory.
+``sys.path`` while a module is imported, as ``python -m`` puts the working directory there. So
+``--app mypkg.agents`` (or ``AGENTSAGA_APP``, ``agentsaga worker mypkg.agents``) finds the package
+in the directory the command runs in, whether the CLI was started as the ``agentsaga`` script
+(whose ``sys.path`` holds its own directory, not the working directory) or as ``python -m``; and
+``app = "agents.flows"`` next to ``agentsaga.toml`` works from any sub-directory. The directory
+is always one a person chose (where they ran the command, where their config is), never one a
+run names.
 """
 
 from __future__ import annotations
@@ -116,20 +121,31 @@ def _base(base: str | os.PathLike[str] | None) -> Path | None:
 
 
 def _import_module(name: str, base: Path | None) -> Any:
-    if base is None:
-        return importlib.import_module(name)
-    entry = str(base.resolve())
+    """Import ``name`` with ``base`` (default: the working directory) first on ``sys.path`` for the
+    time of the import; a module that is not found is an error naming where it was looked for."""
+    entry = str((base or Path.cwd()).resolve())
     added = entry not in sys.path
     if added:
         sys.path.insert(0, entry)
     try:
         return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not _is_part_of(exc.name, name):
+            raise  # a module the app itself imports is missing: Python's message says which
+        where = f"{entry!r}, the working directory," if base is None else repr(entry)
+        raise ModuleNotFoundError(f"No module named {exc.name!r} (looked in {where} and on sys.path)",
+                                  name=exc.name) from None
     finally:
         if added:
             try:
                 sys.path.remove(entry)
             except ValueError:
                 pass
+
+
+def _is_part_of(missing: str, name: str) -> bool:
+    """Whether the module Python did not find is ``name`` or one of its parent packages."""
+    return name == missing or name.startswith(missing + ".")
 
 
 def _load_file(path: str, base: Path | None) -> Any:
