@@ -418,10 +418,9 @@ class Engine:
             raise RunStateError(f"next_step {next_step!r} is not a step of workflow {wf.name!r}")
         events = [(e.seq, e.kind, codec.loads(e.data)) for e in self.store.events(run_id)]
         seq = rollback.checkpoint_seq(run_id, events, to)
-        checkpoint = fold(events[:seq], wf.reduce)
-        if checkpoint.done:
-            raise RunStateError(f"seq {seq} of run {run_id!r} is in the middle of a tick; roll back to a step "
-                                "or to a snapshot's seq")
+        # Only a seq between ticks is a checkpoint (engine/rollback.py); any other is refused here,
+        # before the lease is taken or anything is journaled.
+        checkpoint = rollback.checkpoint_state(run_id, events, seq, wf.reduce)
         if input is not None:
             codec.dumps(input, what="rollback input")
         run = self.take_over(rec, workflow=wf)
