@@ -4,8 +4,10 @@
     python examples/approval.py approve    # from any process: approve, and drive the run to its end
 
 Approving sends the signal and runs the same program again, which continues the waiting run: the
-refund is made once, with the step's idempotency key. The refund goes to $BOOKING_API (see
-orchestrator.testing's BookingService). The database is $AGENTSAGA_DB, else agentsaga.db here.
+refund is made once, with the step's idempotency key. Approving again, once the run has ended (or
+while the approval is being applied), sends nothing and prints the run's status. The refund goes
+to $BOOKING_API (see orchestrator.testing's BookingService). The database is $AGENTSAGA_DB, else
+agentsaga.db here.
 """
 
 import os
@@ -30,6 +32,6 @@ def pay(ctx, state):
 
 if __name__ == "__main__":
     orc = Orchestrator()
-    if sys.argv[1:] == ["approve"]:
+    if sys.argv[1:] == ["approve"] and orc.result("refund").status == "waiting":  # else: already approved
         orc.signal("refund", "approval", {"ok": True})
     print(orc.run(refund, {"order": "A-1001"}, run_id="refund").status)

@@ -105,6 +105,9 @@ class RunSummary:
     #: how ``state`` was read: "state folded from all N events" with the workflow's reducers, or
     #: without its code, from which snapshot and which fields were merged by replacement
     state_source: str = ""
+    #: failures a rollback went back past, oldest first: ``failure``'s fields plus ``rolled_back_at``
+    #: (the ``RolledBack`` seq). History, not the run's current cause.
+    earlier_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def duration(self) -> float | None:
@@ -191,6 +194,9 @@ class _Builder:
         self.run_failed: tuple[int, dict[str, Any]] | None = None
         self.saga_failed: tuple[int, dict[str, Any]] | None = None
         self.cancelled: tuple[int, dict[str, Any]] | None = None
+        #: the seq of the newest ``RolledBack``: a failure journaled before it is history, not a cause
+        self.since = 0
+        self.earlier: list[dict[str, Any]] = []
 
     # -- one event ---------------------------------------------------------------------------------
     def event(self, seq: int, kind: str, at: float, data: dict[str, Any]) -> None:
@@ -336,10 +342,20 @@ class _Builder:
             effect["status"] = "compensation failed" if data.get("final") else "retrying"
         elif kind == EventKind.SAGA_FAILED:
             self.saga_failed = (seq, data)
+        elif kind == EventKind.SAGA_RETRIED:
+            # Its compensations are tried again: the compensation that failed is no longer what the run
+            # stands for (a new SagaFailed says so if it fails again); what started the saga is.
+            self.saga_failed = None
         if kind == EventKind.ROLLED_BACK:
             for x in self.open.values():  # their tick was rolled back: they will not end
                 x.outcome = "abandoned"
             self.open.clear()
+            # The run went back past its failure, if it had one: that failure is history now.
+            past = self.cause()
+            if past is not None:
+                self.earlier.append({**past, "rolled_back_at": seq})
+            self.run_failed = self.saga_failed = None
+            self.since = seq
         if kind in (EventKind.SAGA_STARTED, EventKind.SAGA_COMPLETED, EventKind.SAGA_FAILED, EventKind.SAGA_RETRIED, EventKind.ROLLED_BACK):
             entry = {"seq": seq, "at": at, "kind": kind}
             entry.update({k: v for k, v in data.items() if k != "restore"})  # the checkpoint is bulky
@@ -379,10 +395,32 @@ class _Builder:
             failure=self.failure(), notes=self.notes, states=self.states,
             state_source="" if folded is None else f"state folded from all {folded.seq} events"
             + ("" if self.reduce else "; folded without reducers: fields merged by replacement"),
+            earlier_failures=self.earlier,
         )
 
     def failure(self) -> dict[str, Any] | None:
-        """Where the run went wrong, pointing at the execution (or compensation) that caused it."""
+        """Where the run went wrong, pointing at the execution (or compensation) that caused it.
+
+        Only what came after the newest rollback counts: a run rolled back past a failure and then
+        completed has no cause (the failure is in ``earlier_failures``)."""
+        cause = self.cause()
+        if cause is not None:
+            return cause
+        if self.cancelled is not None:
+            seq, data = self.cancelled
+            return {"kind": "cancelled", "seq": seq, "step": None, "execution": None,
+                    "error": {"type": "Cancelled", "message": data.get("reason")},
+                    "message": f"cancelled by {data.get('by')}"}
+        last = next((x for x in reversed(self.executions)
+                     if x.first_seq > self.since and x.failures and x.outcome != "completed"), None)
+        if last is not None and self.rec.status in ACTIVE_STATUSES:
+            return {"kind": "retrying", "seq": last.seq, "step": last.step, "execution": last.index,
+                    "error": last.failures[-1]["error"], "message": f"step {last.step!r} is failing and retrying"}
+        return None
+
+    def cause(self) -> dict[str, Any] | None:
+        """The failure the run stands for since the newest rollback: a compensation that kept failing
+        (until ``compensate`` retries it), else the step whose failure failed the run or started its saga."""
         if self.saga_failed is not None:
             seq, data = self.saga_failed
             effect = self.effects.get(data.get("effect", -1), {})
@@ -392,26 +430,19 @@ class _Builder:
         cause = self.run_failed
         if cause is None:
             for saga in self.sagas:
-                if saga["kind"] == EventKind.SAGA_STARTED and saga.get("reason") == "failure":
+                if (saga["kind"] == EventKind.SAGA_STARTED and saga.get("reason") == "failure"
+                        and saga["seq"] > self.since):
                     cause = (saga["seq"], saga)
         if cause is not None:
             seq, data = cause
             step = data.get("step")
-            culprit = next((x for x in reversed(self.executions) if x.step == step and x.error), None)
+            culprit = next((x for x in reversed(self.executions)
+                            if x.step == step and x.error and x.first_seq > self.since), None)
             error = (culprit.error if culprit else None) or data.get("error") or {}
             return {"kind": "step", "seq": culprit.seq if culprit else seq, "step": step, "error": error,
                     "execution": culprit.index if culprit else None,
                     "message": f"step {step!r} failed and had no failure route",
                     "uncompensable": data.get("uncompensable")}
-        if self.cancelled is not None:
-            seq, data = self.cancelled
-            return {"kind": "cancelled", "seq": seq, "step": None, "execution": None,
-                    "error": {"type": "Cancelled", "message": data.get("reason")},
-                    "message": f"cancelled by {data.get('by')}"}
-        last = next((x for x in reversed(self.executions) if x.failures and x.outcome != "completed"), None)
-        if last is not None and self.rec.status in ACTIVE_STATUSES:
-            return {"kind": "retrying", "seq": last.seq, "step": last.step, "execution": last.index,
-                    "error": last.failures[-1]["error"], "message": f"step {last.step!r} is failing and retrying"}
         return None
 
 

@@ -27,6 +27,7 @@ from orchestrator.cli.common import (
     UsageError,
     add_app_flag,
     add_progress_flag,
+    follow_up,
     open_orchestrator,
     open_reader,
     parse_duration,
@@ -57,11 +58,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json_line(_plain(s.to_json())))
         return 0
-    print("\n".join(_show_lines(s, limit=None if args.all else args.steps)))
+    recover = follow_up(args, "recover") if s.lease_owner else ""  # named only while a lease is held
+    print("\n".join(_show_lines(s, limit=None if args.all else args.steps, recover=recover)))
     return 0
 
 
-def _show_lines(s: RunSummary, *, limit: int | None) -> list[str]:
+def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga recover") -> list[str]:
     took = "-" if s.duration is None else f"{s.duration:.3f}s"
     out = [
         f"run {safe(s.run_id)}  {s.status}",
@@ -79,15 +81,13 @@ def _show_lines(s: RunSummary, *, limit: int | None) -> list[str]:
         until = s.lease_expires_at
         lapsed = until is not None and until <= time.time()  # display only: the store decides
         out.append(f"lease held by {safe(s.lease_owner)} until {when(until)} UTC"
-                   + (" (expired: `agentsaga recover` will take the run over)" if lapsed else ""))
+                   + (f" (expired: `{safe(recover)}` will take the run over)" if lapsed else ""))
     if s.error:
         out.append(f"error: {safe(s.error)}")
     if s.failure:
-        f = s.failure
-        err = f.get("error") or {}
-        where = f" (execution #{f['execution']})" if f.get("execution") else ""
-        out.append(f"cause: {safe(f['message'])} at seq {f['seq']}{where}: {safe(err.get('type'))}: "
-                   f"{safe(err.get('message'))}")
+        out.append(f"cause: {_cause_line(s.failure)}")
+    for f in s.earlier_failures:  # history: the run went back past them (a rollback)
+        out.append(f"before the rollback at seq {f['rolled_back_at']}: {_cause_line(f)}")
     executions = s.executions
     shown = executions if limit is None else executions[-limit:] if limit > 0 else []
     out += ["", f"STEPS ({len(executions)} executions)"]
@@ -129,6 +129,12 @@ def _show_lines(s: RunSummary, *, limit: int | None) -> list[str]:
         out += ["", f"STATE ({safe(s.state_source)})", clip(codec.dumps(s.state), 2000)]
     out.extend(f"note: {safe(n)}" for n in s.notes)
     return out
+
+
+def _cause_line(f: dict[str, Any]) -> str:
+    err = f.get("error") or {}
+    where = f" (execution #{f['execution']})" if f.get("execution") else ""
+    return f"{safe(f['message'])} at seq {f['seq']}{where}: {safe(err.get('type'))}: {safe(err.get('message'))}"
 
 
 def _outcome_detail(x: Any) -> str:
@@ -237,7 +243,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     else:
         print(f"restored run {safe(run_id)} ({safe(rec.workflow)}, {rec.status}) into {safe(orc.store.url)}")
         if rec.status == "pending":
-            print(f"continue it with: agentsaga resume {safe(run_id)}")
+            print(f"continue it with: {safe(follow_up(args, 'resume', run_id))}")
     return 0
 
 
@@ -255,8 +261,10 @@ def cmd_archive(args: argparse.Namespace) -> int:
               f"{safe(row['path'])} ({row['bytes']:,} bytes)")
     for run_id in report["spared"]:
         print(f"spared run {safe(run_id)}: it was resumed while being archived")
-    print(f"{len(report['archived'])} run(s) archived to {safe(report['to'])}; restore one with: "
-          "agentsaga restore FILE --app APP")
+    done = f"{len(report['archived'])} run(s) archived to {safe(report['to'])}"
+    if report["archived"]:  # the first file as the example: the command works as printed
+        done += f"; restore one with: {safe(follow_up(args, 'restore', report['archived'][0]['path']))}"
+    print(done)
     return 0
 
 
@@ -289,7 +297,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
         print(f"forked run {safe(new_id)} from {safe(args.run_id)} at step {safe(args.from_step)} "
               f"(its state at seq {parent.get('seq')})")
         if result is None:
-            print(f"drive it with: agentsaga resume {safe(new_id)}")
+            print(f"drive it with: {safe(follow_up(args, 'resume', new_id))}")
         else:
             print(f"run {safe(new_id)}  status {result.status}  events {result.seq}"
                   + (f"\nerror: {safe(result.error)}" if result.error else ""))

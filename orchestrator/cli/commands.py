@@ -27,7 +27,7 @@ from typing import Any
 from orchestrator.cli import version
 from orchestrator.payload import codec
 from orchestrator.cli.audit import add_audit_verbs
-from orchestrator.cli.common import CommandError, UsageError, add_app_flag, add_progress_flag, resolve_target
+from orchestrator.cli.common import CommandError, UsageError, add_app_flag, add_progress_flag, follow_up, resolve_target
 from orchestrator.cli.common import open_orchestrator as _orchestrator
 from orchestrator.cli.common import open_reader
 from orchestrator.cli.common import parse_json as _parse_json
@@ -53,12 +53,23 @@ def _result_json(res: RunResult) -> dict[str, Any]:
     return out
 
 
-def _print_result(res: RunResult, as_json: bool) -> None:
+def _print_result(res: RunResult, args: argparse.Namespace, *, awaited: Sequence[str] = (),
+                  target: str | None = None) -> None:
+    """The run's outcome on stdout; a failure, or what a waiting run waits for and the command that
+    continues it, on stderr. ``awaited``: the signals it waits for (``_awaited``); ``target``: the
+    workflow ``run`` was given as code, which the command to continue it must name (``follow_up``)."""
+    as_json = args.json
     if res.status in FAILED_STATUSES:  # on stderr too, so a failure is never lost in the output
         print(f"agentsaga: {safe(res.failure_line())}", file=sys.stderr)
+    elif res.status == "waiting" and awaited:
+        also = f" (it also waits for {', '.join(map(repr, awaited[1:]))})" if awaited[1:] else ""
+        command = follow_up(args, "signal", res.run_id, awaited[0], "--resume", target=target)
+        print(f"agentsaga: run {safe(res.run_id)} is waiting for signal {safe(repr(awaited[0]))}{safe(also)}; "
+              f"send it with: {safe(command)} (add --data JSON to send a value)", file=sys.stderr)
     elif res.status == "waiting":
-        print(f"agentsaga: run {safe(res.run_id)} is waiting (for a signal or a timer); send a signal with "
-              f"`agentsaga signal {safe(res.run_id)} NAME --resume`", file=sys.stderr)
+        command = follow_up(args, "recover", target=target)
+        print(f"agentsaga: run {safe(res.run_id)} is waiting for a timer; a worker continues it when it is due, "
+              f"or: {safe(command)}", file=sys.stderr)
     if as_json:
         print(json_line(_result_json(res)))
         return
@@ -82,6 +93,21 @@ EXIT_CODES = """exit codes:
   4  run, resume, rollback, signal --resume: the run is waiting for a signal or a timer"""
 
 
+def _awaited(orc: Any, res: RunResult) -> list[str]:
+    """The signals a waiting run waits for (none when it waits for a timer), as its journal says:
+    the waits of the steps still waiting that no signal has answered yet."""
+    if res.status != "waiting":
+        return []
+    names: list[str] = []
+    for x in orc.summary(res.run_id).executions:
+        if x.outcome != "waiting":
+            continue
+        answered = {e["data"].get("name") for e in x.extra if e["kind"] == "SignalReceived"}
+        names += [e["data"]["name"] for e in x.extra
+                  if e["kind"] == "WaitStarted" and e["data"].get("name") not in answered]
+    return list(dict.fromkeys(names))
+
+
 def _exit_code(res: RunResult) -> int:
     if res.status == "completed":
         return 0
@@ -101,14 +127,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         payload = parse_object(args.input, "--input") if args.input else {}
     with _orchestrator(args, [wf, *[o for o in others if o is not wf]]) as orc:
         res = orc.run(wf, payload, run_id=args.run_id)
-    _print_result(res, args.json)
+        awaited = _awaited(orc, res)
+    # A workflow given as code is no app the next command finds by itself: its hints name it.
+    code = None if any(wf is o for o in others) else args.target
+    _print_result(res, args, awaited=awaited, target=code)
     return _exit_code(res)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.resume(args.run_id, allow_graph_change=args.allow_graph_change or None)
-    _print_result(res, args.json)
+        awaited = _awaited(orc, res)
+    _print_result(res, args, awaited=awaited)
     return _exit_code(res)
 
 
@@ -136,7 +166,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
-    _print_result(res, args.json)
+    _print_result(res, args)
     return 0
 
 
@@ -145,26 +175,27 @@ def cmd_signal(args: argparse.Namespace) -> int:
     if args.resume:
         with _orchestrator(args, app=True, existing=True) as orc:
             res = orc.signal(args.run_id, args.name, payload, resume=True)
-        assert res is not None
+            assert res is not None
+            awaited = _awaited(orc, res) if not res.note else []
         if res.note:  # a live process drives the run: the signal was only delivered
             print(f"{safe(res.note)}; run {safe(res.run_id)} is {res.status}")
             return 0
-        _print_result(res, args.json)
+        _print_result(res, args, awaited=awaited)
         return _exit_code(res)
     with _orchestrator(args, existing=True) as orc:
         orc.signal(args.run_id, args.name, payload)
     if args.json:
         print(json_line({"run_id": args.run_id, "signal": args.name, "delivered": True, "resumed": False}))
         return 0
-    print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; a worker continues it, or "
-          f"`agentsaga recover`; without a worker, send it with --resume to continue the run here")
+    print(f"signal {safe(args.name)!s} delivered to run {safe(args.run_id)}; a worker continues it, or: "
+          f"{safe(follow_up(args, 'recover'))} (or send the signal with --resume to continue the run here)")
     return 0
 
 
 def cmd_compensate(args: argparse.Namespace) -> int:
     with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.compensate(args.run_id)
-    _print_result(res, args.json)
+    _print_result(res, args)
     return 0 if res.status == "compensated" else 1
 
 
@@ -173,7 +204,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     payload = parse_object(args.input, "--input") if args.input else None  # merged into the checkpoint's state
     with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.rollback(args.run_id, to=to, input=payload, next_step=args.next)
-    _print_result(res, args.json)
+        awaited = _awaited(orc, res)
+    _print_result(res, args, awaited=awaited)
     return _exit_code(res)
 
 

@@ -19,12 +19,14 @@ import datetime as _dt
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from orchestrator._orchestrator import Orchestrator
-from orchestrator.cli.config import ProjectConfig, app_source, load_config
+from orchestrator.cli.config import ConfigError, ProjectConfig, app_source, load_config
 from orchestrator.cli.progress import Progress
 from orchestrator.engine.loader import load_app, load_target, split_spec
 from orchestrator.errors import WorkflowNotFoundError
@@ -33,7 +35,8 @@ from workflows import Workflow
 
 __all__ = ["UsageError", "CommandError", "parse_time", "parse_json", "parse_duration", "parse_object",
            "open_orchestrator",
-           "open_reader", "add_progress_flag", "add_app_flag", "app_workflows", "project_config", "resolve_target"]
+           "open_reader", "add_progress_flag", "add_app_flag", "app_workflows", "project_config", "resolve_target",
+           "follow_up"]
 
 
 class UsageError(Exception):
@@ -186,6 +189,50 @@ def _require_database(args: argparse.Namespace) -> None:
             subject = f"no run {run_id!r}: " if run_id else ""
             raise CommandError(f"{subject}no database at {path!r} (working directory {os.getcwd()!r}); "
                                "pass --db URL or set AGENTSAGA_DB")
+
+
+def follow_up(args: argparse.Namespace, *words: str, app: bool = True, target: str | None = None) -> str:
+    """A command to print as what to do next, written so that it works as printed (in the same
+    working directory and environment): ``agentsaga WORDS`` plus the ``--app`` this invocation's
+    code came from and the ``--db`` it was given.
+
+    ``app``: the command drives runs, so it needs the workflows. They are named as this invocation
+    named them: its ``--app`` flags, and ``target``, the workflow ``run`` was given as code (a
+    ``file.py:attr`` is no app the next command would find by itself). An app found through
+    ``AGENTSAGA_APP`` or the project config is found again the same way, so it is not repeated;
+    with no app anywhere, ``--app MODULE`` says that one must be named. ``--db`` is repeated when it
+    was given (``AGENTSAGA_DB`` and the default file are found again), its password, if any,
+    shown as ``***`` rather than printed to a terminal or a CI log."""
+    parts = ["agentsaga", *words]
+    if app:
+        apps = [*(getattr(args, "app", None) or ()), *([target] if target else [])]
+        if apps:
+            for spec in dict.fromkeys(apps):
+                parts += ["--app", spec]
+        elif not _app_configured(args):
+            parts += ["--app", "MODULE"]
+    if getattr(args, "db", None):
+        parts += ["--db", _without_password(args.db)]
+    return " ".join(part if part == "MODULE" else shlex.quote(part) for part in parts)
+
+
+def _app_configured(args: argparse.Namespace) -> bool:
+    """Whether ``AGENTSAGA_APP`` or the project config names an app. A malformed one counts as none
+    here: a hint must never fail the command that prints it (a reading verb reads no config else)."""
+    try:
+        return app_source(None, project_config(args)) is not None
+    except ConfigError:
+        return False
+
+
+def _without_password(url: str) -> str:
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        url = url.replace(f":{password}@", ":***@", 1)
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def add_app_flag(parser: argparse.ArgumentParser) -> None:

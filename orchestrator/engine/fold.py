@@ -324,7 +324,12 @@ def _saga_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduc
 
 
 def _saga_retried(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    # The compensation that failed is being tried again: what the run stands for again is what started
+    # the saga (a step's failure, a cancel; nothing for a rollback), so a saga that now succeeds ends
+    # with that error, as one that succeeded at the first try does, not with a failure since fixed.
     run.status = "compensating"
+    started = (run.saga or {}).get("error")
+    run.error = dict(started) if started else None
 
 
 #: What a rollback restores from the checkpoint: everything but the effects and the epoch, which

@@ -201,3 +201,23 @@ def test_approval_survives_sigkill_at_its_call_and_is_applied_once(db_url, tmp_p
     assert [e["kind"] for e in ledger if e["action"] == "book"] == ["payment"], (ledger, story)
     received = [e for e in history if e["kind"] == "SignalReceived"]
     assert len(received) == 1 and state["approved"] is True, story
+
+
+def test_approving_a_run_that_has_ended_prints_its_status_and_sends_nothing(db_url, tmp_path, program_env):
+    hold = Hold(None)
+    with bookings(hold, decline=False) as service:
+        env = program_env(BOOKING_API=service.url)
+        # Given the refund approved and made
+        run_program("approval.py", [], env, tmp_path, hold)
+        out, _ = run_program("approval.py", ["approve"], env, tmp_path, hold)
+        assert out.strip() == "completed"
+        # When the approver approves again
+        child = subprocess.run([sys.executable, str(ROOT / "examples" / "approval.py"), "approve"], cwd=tmp_path,
+                               env=env, capture_output=True, text=True, timeout=HANG)
+        ledger = service.ledger()
+    # Then the program says how the run ended, in one line and without a traceback, and sends nothing
+    assert (child.returncode, child.stdout, child.stderr) == (0, "completed\n", "")
+    assert [e["kind"] for e in ledger if e["action"] == "book"] == ["payment"]
+    with Orchestrator(db_url) as orc:
+        assert [e["kind"] for e in orc.history("refund")].count("SignalReceived") == 1
+        assert orc.store.signals.pending("refund", "approval") == []

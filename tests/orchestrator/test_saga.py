@@ -155,6 +155,43 @@ def test_a_compensation_that_keeps_failing_leaves_compensation_failed_then_compe
         orc.compensate("t3")
 
 
+def test_a_retried_compensation_that_succeeds_ends_with_the_failure_that_started_the_saga(make):
+    # Given a saga left compensation_failed: the car's cancellation kept failing
+    world = World()
+    world.cancel_failures = 2
+    registry = Compensations(policy=CompensationPolicy(retry=Retry(attempts=2, initial=0, jitter=0)))
+    wf = trip_workflow(world)
+    orc = make(wf, compensations=registry)
+    first = orc.run(wf, {"card": "declined"}, run_id="t3b")
+    assert first.error == "ConnectionError: compensating 'book_car': cancel car-3: service unavailable"
+    # When the operator retries and the compensations succeed
+    again = orc.compensate("t3b")
+    # Then the run tells the declined payment, as a saga that succeeded at once does, everywhere it is read
+    assert (again.status, again.failed_step, again.error) == ("compensated", "pay", "PermissionError: card declined")
+    assert orc.get_run("t3b").error == "PermissionError: card declined"
+    assert orc.result("t3b").error == "PermissionError: card declined"
+    cause = orc.summary("t3b").failure
+    assert (cause["kind"], cause["step"], cause["error"]["message"]) == ("step", "pay", "card declined")
+    # (and the failed attempts stay in the journal, where they happened)
+    assert [e["kind"] for e in orc.history("t3b")].count("SagaFailed") == 1
+
+
+def test_a_run_rolled_back_past_its_failure_that_completes_has_no_error(make):
+    # Given a trip whose payment was declined and compensated
+    world = World()
+    wf = trip_workflow(world)
+    orc = make(wf)
+    assert orc.run(wf, {"card": "declined"}, run_id="t3c").status == "compensated"
+    # When it is rolled back to its start with a card that works, and completes
+    result = orc.rollback("t3c", to=1, input={"card": "ok"})
+    # Then nothing reads as failed; the declined payment is history
+    assert (result.status, result.error, result.failed_step) == ("completed", None, None)
+    assert orc.get_run("t3c").error is None
+    summary = orc.summary("t3c")
+    assert summary.failure is None
+    assert [(f["step"], f["error"]["message"]) for f in summary.earlier_failures] == [("pay", "card declined")]
+
+
 @pytest.mark.parametrize("mode", ["check", "resend"])
 def test_an_effect_in_doubt_is_checked_or_resent_with_the_same_key_never_duplicated(make, mode):
     # Given a run that died inside book_hotel after the hotel was booked, before the result was journaled

@@ -139,7 +139,7 @@ def test_agentsaga_signal_resume_continues_the_run_from_another_process(db_url, 
     flow.write_text(FLOW, encoding="utf-8")
     started = _agentsaga("run", f"{flow}:wf", "--run-id", "cli-sr", "--db", db_url)
     assert started.returncode == 4 and "status waiting" in started.stdout, started.stderr
-    assert "agentsaga signal cli-sr NAME --resume" in started.stderr
+    assert f"send it with: agentsaga signal cli-sr approval --resume --app {flow}:wf --db " in started.stderr
     # When the approver sends the signal with --resume and the app
     sent = _agentsaga("signal", "cli-sr", "approval", "--data", '{"ok": true}', "--resume", "--app", str(flow),
                       "--db", db_url, "--json")
