@@ -111,10 +111,12 @@ class Cassette:
         return cls(data.get("calls") or [], source=data.get("source"))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the cassette as JSON (to a temporary file renamed into place)."""
+        """Write the cassette as JSON (to a temporary file renamed into place), making its folder
+        if need be (``tests/cassettes/research.json`` in a fresh checkout)."""
         doc = {"format": CASSETTE_FORMAT, "version": CASSETTE_VERSION, "source": self.source, "calls": self._order}
         text = json.dumps(json.loads(codec.dumps(doc, what="cassette")), indent=1, ensure_ascii=False)
         target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_text(text + "\n", encoding="utf-8")
         os.replace(tmp, target)

@@ -84,8 +84,8 @@ def test_a_run_replays_from_a_previous_runs_journal_with_no_server(db_url, recor
 
 def test_a_cassette_saved_to_a_file_replays_the_same(db_url, recorded, tmp_path):
     original, cassette, dead_url = recorded
-    # Given the cassette written to a file and read back
-    path = cassette.save(tmp_path / "research.json")
+    # Given the cassette written to a file in a folder not made yet, and read back
+    path = cassette.save(tmp_path / "cassettes" / "research.json")
     doc = json.loads(path.read_text())
     assert doc["format"] == "agentsaga-cassette" and doc["version"] == 1 and doc["source"]["run_id"] == "rec"
     assert [(c["step"], c["visit"], c["index"]) for c in doc["calls"]][:4] == [
