@@ -27,7 +27,7 @@ import pytest
 PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 
 #: Taken by every test for its whole run (shared), and exclusively by a test that stops the shared
-#: Postgres server: with the README's `pytest -n 2` (pytest-xdist) two tests run at once, and a
+#: Postgres server: with the README's `pytest -n 3` (pytest-xdist) three tests run at once, and a
 #: server restart must not cut the other worker's connections. Any pytest session on this machine
 #: takes the same lock, so two sessions at once are kept apart the same way.
 SERVER_LOCK = os.path.join(tempfile.gettempdir(), "agentsaga-tests-server.lock")

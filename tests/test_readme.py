@@ -177,5 +177,5 @@ def test_readme_first_command_is_the_demo():
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert "pip install -e '.[test]' && pytest -n 2\n" in README
-    assert "pip install -q -e '.[test]'" in ci and "python -m pytest -n 2\n" in ci
+    assert "pip install -e '.[test]' && pytest -n 3\n" in README
+    assert "pip install -q -e '.[test]'" in ci and "python -m pytest -n 3\n" in ci
