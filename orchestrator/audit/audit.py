@@ -209,7 +209,9 @@ class Audit:
 
         The fork uses the workflow's current code (fix a step, then fork the failed run at it) and
         is linked to its parent by ``parent_run_id`` and the ``parent`` field of its RunStarted.
-        Drive it with ``resume(new_id)``.
+        Drive it with ``resume(new_id)``. A point whose state holds an effect the parent undid since
+        (its saga, a rollback) is refused, naming the nearest steps that can be forked instead
+        (``audit/fork.py``); nothing is written then.
         """
         if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
             raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")

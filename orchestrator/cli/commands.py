@@ -28,6 +28,7 @@ from orchestrator.cli import version
 from orchestrator.payload import codec
 from orchestrator.cli.audit import add_audit_verbs
 from orchestrator.cli.common import CommandError, UsageError, add_app_flag, add_progress_flag, follow_up, resolve_target
+from orchestrator.cli.common import held_message
 from orchestrator.cli.common import open_orchestrator as _orchestrator
 from orchestrator.cli.common import open_reader
 from orchestrator.cli.common import parse_json as _parse_json
@@ -38,7 +39,7 @@ from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator.engine.result import FAILED_STATUSES, RunResult
 from orchestrator.cli.term import json_line, safe, table, when
 from orchestrator.errors import OrchestratorError
-from store import RunRecord, StoreError
+from store import LeaseHeldError, RunRecord, StoreError
 from workflows import WorkflowError
 
 __all__ = ["main", "build_parser"]
@@ -125,11 +126,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot read --input-file {args.input_file!r}: {exc.strerror}") from None
     else:
         payload = parse_object(args.input, "--input") if args.input else {}
-    with _orchestrator(args, [wf, *[o for o in others if o is not wf]]) as orc:
-        res = orc.run(wf, payload, run_id=args.run_id)
-        awaited = _awaited(orc, res)
     # A workflow given as code is no app the next command finds by itself: its hints name it.
     code = None if any(wf is o for o in others) else args.target
+    with _orchestrator(args, [wf, *[o for o in others if o is not wf]]) as orc:
+        try:
+            res = orc.run(wf, payload, run_id=args.run_id)
+        except LeaseHeldError as held:  # the run id exists, and a live process drives that run
+            raise CommandError(held_message(args, held, target=code)) from None
+        awaited = _awaited(orc, res)
     _print_result(res, args, awaited=awaited, target=code)
     return _exit_code(res)
 
@@ -357,7 +361,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OrchestratorError, StoreError, WorkflowError, CommandError) as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"agentsaga: error: {safe(exc)}", file=sys.stderr)
+        # A live process holds the run: its hints name this invocation's --app and --db (the
+        # engine's message names the library call and a bare command that would find neither).
+        text = held_message(args, exc) if isinstance(exc, LeaseHeldError) and exc.owner else exc
+        print(f"agentsaga: error: {safe(text)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("agentsaga: interrupted; the run can be resumed", file=sys.stderr)

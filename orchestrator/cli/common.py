@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,13 +31,13 @@ from orchestrator.cli.config import ConfigError, ProjectConfig, app_source, load
 from orchestrator.cli.progress import Progress
 from orchestrator.engine.loader import load_app, load_target, split_spec
 from orchestrator.errors import WorkflowNotFoundError
-from store import default_url
+from store import LeaseHeldError, default_url
 from workflows import Workflow
 
 __all__ = ["UsageError", "CommandError", "parse_time", "parse_json", "parse_duration", "parse_object",
            "open_orchestrator",
            "open_reader", "add_progress_flag", "add_app_flag", "app_workflows", "project_config", "resolve_target",
-           "follow_up"]
+           "follow_up", "held_message"]
 
 
 class UsageError(Exception):
@@ -214,6 +215,21 @@ def follow_up(args: argparse.Namespace, *words: str, app: bool = True, target: s
     if getattr(args, "db", None):
         parts += ["--db", _without_password(args.db)]
     return " ".join(part if part == "MODULE" else shlex.quote(part) for part in parts)
+
+
+def held_message(args: argparse.Namespace, held: LeaseHeldError, *, target: str | None = None) -> str:
+    """What the command line says when a live process holds the run's lease: the engine's message
+    (who drives the run, until when), with commands that work as printed (``follow_up``: this
+    invocation's ``--app``, or ``target``, and its ``--db``) instead of the library's
+    ``orc.resume(ID)`` and bare ``agentsaga resume ID``, which would find no app and the wrong database."""
+    run_id = held.run_id or getattr(args, "run_id", None) or "RUN"
+    until = ""
+    if held.expires_at is not None:
+        when = _dt.datetime.fromtimestamp(held.expires_at, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        until = f" until {when} (in {max(0.0, held.expires_at - time.time()):.0f}s)"
+    return (f"run {run_id!r} is being driven by {held.owner!r}{until}. If that process is gone, take the run over "
+            f"now with: {follow_up(args, 'resume', run_id, target=target)} (otherwise let it finish, or wait for "
+            f"its lease to expire: a worker, or {follow_up(args, 'recover', target=target)}, continues it then)")
 
 
 def _app_configured(args: argparse.Namespace) -> bool:

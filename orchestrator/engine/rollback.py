@@ -32,7 +32,7 @@ from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, apply
 from orchestrator.errors import RunStateError
 
-__all__ = ["checkpoint_seq", "checkpoint_state", "between_ticks"]
+__all__ = ["checkpoint_seq", "checkpoint_state", "between_ticks", "undone_effects"]
 
 Event = tuple[int, str, Any]
 Reduce = Callable[[dict[str, Any], Mapping[str, Any]], None]
@@ -102,6 +102,19 @@ class _Lineage:
     def undone(self) -> list[int]:
         """The effects the state holds now that were compensated since."""
         return [e for e in self.live if e in self.undone_at]
+
+
+def undone_effects(events: Sequence[Event], seq: int) -> list[tuple[int, int]]:
+    """The effects whose results the run's state held at ``seq`` (read along its lineage, as for a
+    rollback point) that the journal says were undone since: ``(effect seq, CompensationCompleted
+    seq)`` pairs, oldest first. Empty when every effect that state holds is still in force. A fork
+    (``orchestrator.audit.fork``) asks this of the state it would start from."""
+    lineage = _Lineage(events)
+    for at, kind, data in events:
+        if at > seq:
+            break
+        lineage.see(at, kind, data)
+    return [(e, lineage.undone_at[e]) for e in lineage.undone()]
 
 
 def checkpoint_state(run_id: str, events: Sequence[Event], seq: int, reduce: Reduce) -> RunState:

@@ -157,8 +157,9 @@ def test_fork_prints_a_resume_command_that_drives_the_fork(project, db_url):
     failed = agentsaga(project, "run", "flows.py:trip", "--run-id", "t1", "--db", db_url)
     assert failed.returncode == 1, failed.stderr
     (project / "flags" / "card-ok").touch()
-    # When it is forked at pay with the app named
-    forked = agentsaga(project, "fork", "t1", "--from", "pay", "--run-id", "t1-fork", "--app", "flows.py",
+    # When it is forked with the app named, at book: the run's start (pay's state holds the booking
+    # the saga cancelled, so a fork at pay is refused: test_fork_undone_effects.py)
+    forked = agentsaga(project, "fork", "t1", "--from", "book", "--run-id", "t1-fork", "--app", "flows.py",
                        "--db", db_url)
     assert forked.returncode == 0, forked.stderr
     # Then the command it prints drives the fork as printed
