@@ -63,8 +63,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A test that restarts the shared Postgres server is collected first, so that pytest-xdist hands
     it to a worker at the start: it then waits only for the other worker's first test. Collected in
     the middle, it waited for whatever the other worker was running (59 s behind a benchmark smoke
-    test, one worker idle all that time)."""
-    items.sort(key=lambda item: item.get_closest_marker("restarts_postgres") is None)
+    test, one worker idle all that time).
+
+    The ``long`` tests (tens of seconds each: the benchmark smoke tests, the wheel) come next. At the
+    end of the collection (``tests/test_bench_smoke.py`` sorts after the folders) one of them started
+    last kept the run going for a minute with the other workers idle; early, the short tests fill
+    the other workers meanwhile."""
+    items.sort(key=lambda item: (item.get_closest_marker("restarts_postgres") is None,
+                                 item.get_closest_marker("long") is None))
 
 
 def _mask(url: str) -> str:

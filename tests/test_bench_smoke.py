@@ -22,7 +22,7 @@ CORE_KEYS = {
 }
 PEERS_KEYS = {"engines", "steps_ms", "workflows_per_s", "crash_resume", "bytes_per_step", "targets", "machine"}
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 #: seconds a quick benchmark may take before it counts as hung: about a minute on an idle machine,
 #: many times that on a loaded one, and a smoke test has no business timing it

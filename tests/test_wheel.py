@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parent.parent
 # What a wheel is not built from: VCS and virtualenvs (dot-folders), caches, earlier builds, and

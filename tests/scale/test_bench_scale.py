@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.long]
 
 
 def test_scale_quick_prints_the_required_json(pg_base_url):
