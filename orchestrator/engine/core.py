@@ -404,7 +404,11 @@ class Engine:
             raise RunStateError(f"run {run_id!r} is {rec.status}; only a compensation_failed run has compensations "
                                 "to retry")
         run = self.take_over(rec)
-        self.journal.commit(run, [(EventKind.SAGA_RETRIED, {"by": self.config.owner})])
+        # The run stands again for what started the saga (a step's failure, a cancel; nothing for a
+        # rollback), not for the compensation that failed: the event says so, so that its meaning is
+        # in the journal (a SagaRetried written before it carried "error" folds as it did then).
+        started = (run.folded.saga or {}).get("error")
+        self.journal.commit(run, [(EventKind.SAGA_RETRIED, {"by": self.config.owner, "error": started or None})])
         return await self.drive(run)
 
     async def rollback(self, run_id: str, *, to: int | str, input: dict[str, Any] | None,

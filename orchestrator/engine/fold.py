@@ -324,12 +324,13 @@ def _saga_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduc
 
 
 def _saga_retried(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    # The compensation that failed is being tried again: what the run stands for again is what started
-    # the saga (a step's failure, a cancel; nothing for a rollback), so a saga that now succeeds ends
-    # with that error, as one that succeeded at the first try does, not with a failure since fixed.
+    # The compensation that failed is tried again, and the event carries the error the run stands for
+    # again (what started the saga), so a saga that now succeeds ends with it, as one that succeeded
+    # at the first try does. A SagaRetried journaled without "error" (before it had one) leaves the
+    # error as it was, as it did then: snapshots made after it still verify.
     run.status = "compensating"
-    started = (run.saga or {}).get("error")
-    run.error = dict(started) if started else None
+    if "error" in data:
+        run.error = dict(data["error"]) if data["error"] else None
 
 
 #: What a rollback restores from the checkpoint: everything but the effects and the epoch, which

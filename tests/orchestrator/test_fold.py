@@ -89,6 +89,24 @@ def test_failure_route_completes_the_step_and_records_the_error():
     assert rs.routed_errors["b"]["message"] == "boom"
 
 
+def test_a_retried_saga_stands_for_the_error_its_event_carries_and_an_older_event_folds_as_before():
+    # Given a saga started by a declined payment whose compensation failed
+    saga = [
+        started(["a"]),
+        (EventKind.SAGA_STARTED, {"reason": "failure", "after_seq": 0, "step": "pay",
+                                  "error": {"type": "PermissionError", "message": "declined"}}),
+        (EventKind.SAGA_FAILED, {"step": "book", "error": {"type": "RuntimeError", "message": "down"}}),
+    ]
+    # When it is retried: by this version (the event carries the saga's error), or by one before it
+    now = fold(numbered([*saga, (EventKind.SAGA_RETRIED, {"by": "w", "error": {"type": "PermissionError",
+                                                                                 "message": "declined"}})]), reduce)
+    before = fold(numbered([*saga, (EventKind.SAGA_RETRIED, {"by": "w"})]), reduce)
+    # Then the run stands again for the declined payment; an older journal folds as it did when it
+    # was written (so the snapshots made from it still verify)
+    assert (now.status, now.error) == ("compensating", {"type": "PermissionError", "message": "declined"})
+    assert (before.status, before.error) == ("compensating", {"type": "RuntimeError", "message": "compensating 'book': down"})
+
+
 def test_a_gap_in_the_journal_is_refused():
     rs = RunState()
     apply(rs, 1, *started(["a"]), reduce)
