@@ -118,3 +118,12 @@ class LeaseHeldError(StoreError):
         self.run_id = run_id
         self.owner = owner
         self.expires_at = expires_at
+
+    def until(self, now: float) -> str:
+        """`` until <UTC time> (in Ns)``, when the lease expires (empty when unknown), for messages."""
+        if self.expires_at is None:
+            return ""
+        import datetime as _dt
+
+        when = _dt.datetime.fromtimestamp(self.expires_at, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f" until {when} (in {max(0.0, self.expires_at - now):.0f}s)"

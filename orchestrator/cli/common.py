@@ -223,10 +223,7 @@ def held_message(args: argparse.Namespace, held: LeaseHeldError, *, target: str 
     invocation's ``--app``, or ``target``, and its ``--db``) instead of the library's
     ``orc.resume(ID)`` and bare ``agentsaga resume ID``, which would find no app and the wrong database."""
     run_id = held.run_id or getattr(args, "run_id", None) or "RUN"
-    until = ""
-    if held.expires_at is not None:
-        when = _dt.datetime.fromtimestamp(held.expires_at, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        until = f" until {when} (in {max(0.0, held.expires_at - time.time()):.0f}s)"
+    until = held.until(time.time())
     return (f"run {run_id!r} is being driven by {held.owner!r}{until}. If that process is gone, take the run over "
             f"now with: {follow_up(args, 'resume', run_id, target=target)} (otherwise let it finish, or wait for "
             f"its lease to expire: a worker, or {follow_up(args, 'recover', target=target)}, continues it then)")

@@ -556,12 +556,7 @@ def owner_is_dead(owner: str | None) -> bool:
 
 
 def _held_message(run_id: str, held: LeaseHeldError, now: float) -> str:
-    import datetime as _dt
-
-    until = ""
-    if held.expires_at is not None:
-        when = _dt.datetime.fromtimestamp(held.expires_at, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        until = f" until {when} (in {max(0.0, held.expires_at - now):.0f}s)"
+    until = held.until(now)
     return (f"run {run_id!r} is being driven by {held.owner!r}{until}. If that process is gone, take the run "
             f"over now with orc.resume({run_id!r}) or `agentsaga resume {run_id}`; otherwise let it finish, or "
             "wait for its lease to expire (`agentsaga recover`).")
