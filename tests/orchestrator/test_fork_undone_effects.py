@@ -23,22 +23,9 @@ import pytest
 from orchestrator import Orchestrator, RunNotFoundError, RunStateError
 from workflows import END, Workflow
 
+sys.path.insert(0, str(Path(__file__).parent))
 
-class Ledger:
-    """The outside world: bookings by idempotency key (a repeated key books nothing new), and cancellations."""
-
-    def __init__(self) -> None:
-        self.booked: dict[str, str] = {}
-        self.cancelled: list[str] = []
-
-    def book(self, kind: str, key: str) -> str:
-        return self.booked.setdefault(key, f"{kind}-{len(self.booked) + 1}")
-
-    def cancel(self, ref: str) -> None:
-        self.cancelled.append(ref)
-
-    def in_force(self) -> set[str]:
-        return set(self.booked.values()) - set(self.cancelled)
+from ledger_helpers import Ledger  # noqa: E402
 
 
 def trip(ledger: Ledger, card: dict[str, bool], *, compensate: bool = True) -> Workflow:

@@ -10,27 +10,17 @@ nearest points, and nothing appended or called.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from orchestrator import Orchestrator, RunStateError
 from workflows import END, Retry, Workflow
 
+sys.path.insert(0, str(Path(__file__).parent))
 
-class Ledger:
-    """The outside world: bookings by idempotency key (a repeated key books nothing new), and cancellations."""
-
-    def __init__(self) -> None:
-        self.booked: dict[str, str] = {}
-        self.cancelled: list[str] = []
-
-    def book(self, kind: str, key: str) -> str:
-        return self.booked.setdefault(key, f"{kind}-{len(self.booked) + 1}")
-
-    def cancel(self, ref: str) -> None:
-        self.cancelled.append(ref)
-
-    def in_force(self, run_id: str) -> set[str]:
-        return {ref for key, ref in self.booked.items() if key.startswith(f"{run_id}:")} - set(self.cancelled)
+from ledger_helpers import Ledger  # noqa: E402
 
 
 def trip(ledger: Ledger) -> Workflow:
