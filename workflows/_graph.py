@@ -20,7 +20,7 @@ from workflows._policies import END, END_NAME, NO_RETRY, Retry, _End
 from workflows._reducers import MISSING, Reducer, check_reducer, reducers_of_model, replace
 from workflows._snapshots import Snapshots, snapshots_from
 from workflows._step import Step, is_async_callable
-from workflows.errors import DefinitionError, RoutingError
+from workflows.errors import DefinitionError, ReducerError, RoutingError
 
 __all__ = ["Workflow"]
 
@@ -411,7 +411,18 @@ class Workflow:
             if reducer is replace:
                 state[key] = value
             else:
-                state[key] = reducer(state.get(key, MISSING), value)
+                current = state.get(key, MISSING)
+                try:
+                    state[key] = reducer(current, value)
+                except Exception as exc:
+                    name = getattr(reducer, "__qualname__", None) or type(reducer).__qualname__
+                    module = getattr(reducer, "__module__", "") or ""
+                    if module == "workflows._reducers":
+                        name = f"reducers.{name}"
+                    now = "nothing yet" if current is MISSING else f"{type(current).__name__} {_short(current)}"
+                    raise ReducerError(
+                        f"field {key!r}: reducer {name} could not merge {type(value).__name__} {_short(value)} "
+                        f"into {now}: {type(exc).__name__}: {exc}", field=key) from exc
 
     def initial_state(self, value: Any) -> dict[str, Any]:
         """The run input as a state dict (validated against the state model if there is one)."""

@@ -2,12 +2,13 @@
 
     WorkflowError             base of everything in this package
      ├── DefinitionError      the graph or an option is invalid (raised when it is built)
-     └── RoutingError         a router returned something that is not a step, a list of steps or END
+     ├── RoutingError         a router returned something that is not a step, a list of steps or END
+     └── ReducerError         a field's reducer could not merge a step's update into the state
 """
 
 from __future__ import annotations
 
-__all__ = ["WorkflowError", "DefinitionError", "RoutingError"]
+__all__ = ["WorkflowError", "DefinitionError", "RoutingError", "ReducerError"]
 
 
 class WorkflowError(Exception):
@@ -29,4 +30,13 @@ class RoutingError(WorkflowError):
 
     def __init__(self, message: str, *, step: str | None = None):
         self.step = step
+        super().__init__(message)
+
+
+class ReducerError(WorkflowError):
+    """A field's reducer raised while merging an update: the message names the field, the reducer
+    and both values; ``field`` is the field's name."""
+
+    def __init__(self, message: str, *, field: str):
+        self.field = field
         super().__init__(message)

@@ -35,14 +35,26 @@ from orchestrator.engine.snapshots import SnapshotChain, SnapshotMeta, restore_r
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
 from store import NewEvent, Store
-from workflows import Snapshots, Workflow
+from orchestrator.engine.views import copy_json
+from workflows import Snapshots, Workflow, reducers
+from workflows.errors import ReducerError
 
-__all__ = ["ActiveRun", "Encoded", "JournalWriter", "Observer"]
+__all__ = ["ActiveRun", "Encoded", "JournalWriter", "Observer", "UpdateRefused"]
 
 _log = logging.getLogger("agentsaga.engine")
 
 #: Called after each commit with the run and the events it made durable (progress lines, tracing).
 Observer = Callable[["ActiveRun", list[NewEvent]], None]
+
+
+class UpdateRefused(Exception):
+    """A step's update cannot be merged into its run's state: a field's reducer raised
+    (``error``, a ``workflows.ReducerError``). Found before anything was folded or written, so the
+    run is as it was and the step can be failed like any other."""
+
+    def __init__(self, error: ReducerError) -> None:
+        self.error = error
+        super().__init__(str(error))
 
 
 class ActiveRun:
@@ -250,6 +262,13 @@ class JournalWriter:
                 raise run.broken
             try:
                 events, item, snap = self._prepare(run, texts, trigger, consume_signals, workflow_version)
+            except UpdateRefused:
+                raise  # refused before anything was folded: the run is as it was
+            except BaseException as exc:
+                run.broken = exc
+                self._rebuild(run)
+                raise
+            try:
                 if future is not None or self.committer.has_pending(run):
                     return events, snap, self.committer.submit(run, item, future)
                 self.store.append(item.pop("run_id"), item.pop("events"), **item)
@@ -307,9 +326,12 @@ class JournalWriter:
         events: list[NewEvent] = []
         gate: str | None = None
         effect = False
-        for kind, text in texts:
+        decoded = [codec.loads(text) for _, text in texts]
+        for (kind, _), data in zip(texts, decoded):
+            if kind == EventKind.STEP_COMPLETED:
+                _check_merge(run.workflow, folded, data)
+        for (kind, text), data in zip(texts, decoded):
             seq = folded.seq + 1
-            data = codec.loads(text)
             apply(folded, seq, kind, data, reduce)
             events.append(NewEvent(seq=seq, kind=kind, data=text, at=now))
             run.journal_total += len(text)
@@ -362,3 +384,43 @@ def _due(policy: Snapshots, run: ActiveRun, seq: int, now: float, gate: str | No
     if policy.seconds is not None and run.snapshot_at is not None and now - run.snapshot_at >= policy.seconds:
         return "timed"
     return None
+
+
+#: Reducers known to build a new value without changing the values they are given (workflows.reducers).
+PURE_REDUCERS = (reducers.replace, reducers.append, reducers.extend, reducers.add, reducers.merge)
+
+
+def _check_merge(wf: Workflow, folded: RunState, data: dict[str, Any]) -> None:
+    """Raise ``UpdateRefused`` when the ``StepCompleted`` ``data`` would end its tick with a merge that
+    fails, without changing anything: the updates of the tick's steps are merged, in frontier order as
+    the fold does, into copies of the fields that have a reducer (a replaced field cannot fail). A
+    tick that other steps have still to complete is checked when its last step completes."""
+    reducers_of = wf.reducers
+    if not reducers_of:
+        return
+    step, frontier = data["step"], folded.frontier
+    if step not in frontier:
+        return
+    updates: list[dict[str, Any]] = []
+    for name in frontier:
+        if name == step:
+            update = data["update"]
+        else:
+            entry = folded.done.get(name)
+            if entry is None:
+                return
+            update = entry["update"]
+        if update:
+            updates.append(update)
+    keys = {key for update in updates for key in update if key in reducers_of}
+    if not keys:
+        return
+    state = {key: folded.state[key] if reducers_of[key] in PURE_REDUCERS else copy_json(folded.state[key])
+             for key in keys if key in folded.state}
+    for update in updates:
+        part = {key: value if reducers_of[key] in PURE_REDUCERS else copy_json(value)
+                for key, value in update.items() if key in keys}
+        try:
+            wf.reduce(state, part)
+        except ReducerError as exc:
+            raise UpdateRefused(exc) from exc

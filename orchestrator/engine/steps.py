@@ -26,7 +26,7 @@ from orchestrator.engine.context import StepContext, running
 from orchestrator.engine.durable import CallGuard, DurableExecution, Suspend
 from orchestrator.engine.code_changes import step_code
 from orchestrator.engine.events import EventKind
-from orchestrator.engine.journal import ActiveRun, JournalWriter
+from orchestrator.engine.journal import PURE_REDUCERS, ActiveRun, JournalWriter, UpdateRefused
 from orchestrator.engine.retries import StopAttempts, attempts, with_timeout
 from orchestrator.engine.services import ToolsForSteps
 from orchestrator.engine.views import CowDict, copy_json
@@ -153,6 +153,8 @@ class StepRunner:
             data["code"] = step_code(step.fn)  # the code that ran, recorded at its first completion
         try:
             await self.journal.acommit(run, [(EventKind.STEP_COMPLETED, data)])
+        except UpdateRefused as refused:  # a reducer cannot merge the update: nothing was written
+            self.fail(run, name, attempt, refused.error)
         except EncodingError:
             # Say which part of the step's output is at fault, then fail the step for good.
             try:
@@ -211,7 +213,10 @@ class StepRunner:
             joins = wf.join_targets(name)
             if joins:
                 data["join"] = joins
-            self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
+            try:
+                self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
+            except UpdateRefused as refused:
+                self.fail(run, name, ctx.attempt, refused.error)
             return True
         if step.resend is True:
             return False
@@ -413,10 +418,6 @@ def _has_compensation(step: Any, compensations: Compensations | None) -> bool:
         return False
 
 
-#: Reducers known to build a new value without changing the current one (workflows.reducers).
-_PURE_REDUCERS = (reducers.replace, reducers.append, reducers.extend, reducers.add, reducers.merge)
-
-
 def state_view(wf: Any, state: dict[str, Any]) -> Any:
     """What a step sees: a copy-on-access view of a dict state (``engine.views``): nothing it does
     to it reaches ``state``, and it costs what the step reaches, not the whole state. A typed state
@@ -436,7 +437,7 @@ def preview(wf: Any, state: dict[str, Any], update: dict[str, Any]) -> dict[str,
         after = dict(state)
         pure = wf.reducers
         for key in update:
-            if key in after and pure.get(key, reducers.replace) not in _PURE_REDUCERS:
+            if key in after and pure.get(key, reducers.replace) not in PURE_REDUCERS:
                 after[key] = copy_json(after[key])
     wf.reduce(after, copy_json(update))
     return after

@@ -38,6 +38,7 @@ import decimal
 import enum
 import json
 import math
+import re
 import uuid
 from typing import Any
 
@@ -64,6 +65,10 @@ def _default(value: Any) -> Any:
         return {"$uuid": str(value)}
     if isinstance(value, (set, frozenset)):
         items = list(value)
+        for item in items:
+            if isinstance(item, (tuple, frozenset)) or hasattr(item, "model_dump") or dataclasses.is_dataclass(item):
+                # Written as a list or a dict, it would come back unhashable: the set could not be rebuilt.
+                raise TypeError(f"unencodable-member:{type(item).__module__}.{type(item).__qualname__}")
         try:
             items.sort()
         except TypeError:  # mixed types: keep a stable order by their JSON text instead
@@ -144,9 +149,56 @@ def _encode(encoder: json.JSONEncoder, value: Any, what: str) -> str:
         if _MAYBE_TAGGED in text:
             # A tag or a dict that looks like one: encode again from a copy with user dicts escaped.
             text = encoder.encode(_escape(value))
-        return text
     except (TypeError, ValueError, RecursionError) as exc:
         raise _explain(value, what, exc) from None
+    if not text.isascii() and not _utf8(text):
+        # A lone surrogate (from a JSON "\ud800" escape, or bytes decoded with surrogateescape) is
+        # not text: no database stores it as UTF-8, so the write would fail after the step was done.
+        path, culprit = _find_surrogate(value, "$", set())
+        raise EncodingError(f"{what} cannot be journaled: the text at {path} holds a lone surrogate "
+                            f"({culprit!a}), which is not valid Unicode (decode bytes with errors='replace', "
+                            "or drop the character)", path=path, type_name="str")
+    return text
+
+
+#: a UTF-16 surrogate code point on its own: str can hold one, UTF-8 cannot encode it
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored as UTF-8 (encoding it is several times faster than a search)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _find_surrogate(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
+    """The path of the first string (a value or a key) holding a lone surrogate, and that character."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        return (path, found.group()) if found else (path, "")
+    if isinstance(value, (dict, list, tuple, set, frozenset)) and id(value) not in seen:
+        seen.add(id(value))
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str) and _SURROGATE.search(k):
+                    return f"{path}[{k!a}] (key)", _SURROGATE.search(k).group()
+                where, char = _find_surrogate(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]", seen)
+                if char:
+                    return where, char
+            return path, ""
+        for i, v in enumerate(value):
+            where, char = _find_surrogate(v, f"{path}[{i}]", seen)
+            if char:
+                return where, char
+        return path, ""
+    if hasattr(value, "model_dump") and not isinstance(value, type):
+        return _find_surrogate(value.model_dump(), path, seen)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _find_surrogate({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, path, seen)
+    return path, ""
 
 
 def dumps(value: Any, *, what: str = "value") -> str:
@@ -177,6 +229,13 @@ def _explain(value: Any, what: str, exc: BaseException) -> EncodingError:
         kind = type(culprit)
         if isinstance(culprit, float):
             detail = f"{culprit!r} is not valid JSON"
+        elif isinstance(culprit, (set, frozenset)):
+            member = next(type(m) for m in culprit if isinstance(m, (tuple, frozenset)) or hasattr(m, "model_dump")
+                          or dataclasses.is_dataclass(m))
+            return EncodingError(
+                f"{what} cannot be journaled: the set at {path} holds a {member.__qualname__}, which would come "
+                "back as a list or a dict, and a set cannot hold those (journal a list of them instead)",
+                path=path, type_name=f"{kind.__module__}.{kind.__qualname__}")
         else:
             detail = f"value of type {kind.__module__}.{kind.__qualname__} is not JSON-encodable"
         return EncodingError(
