@@ -12,7 +12,7 @@ import pytest
 
 EXPORTS: dict[str, set[str]] = {
     "workflows": {
-        "END", "MISSING", "NO_RETRY", "DefinitionError", "Retry", "RoutingError", "Step", "Workflow",
+        "END", "MISSING", "NO_RETRY", "DefinitionError", "Retry", "RoutingError", "ReducerError", "InputError", "Step", "Workflow",
         "WorkflowError", "reducers", "Snapshots", "Adaptive",
     },
     "orchestrator": {

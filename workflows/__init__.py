@@ -6,7 +6,7 @@ from workflows._policies import END, NO_RETRY, Retry
 from workflows._reducers import MISSING
 from workflows._snapshots import Adaptive, Snapshots
 from workflows._step import Step
-from workflows.errors import DefinitionError, ReducerError, RoutingError, WorkflowError
+from workflows.errors import DefinitionError, InputError, ReducerError, RoutingError, WorkflowError
 
 __all__ = [
     "END",
@@ -14,6 +14,7 @@ __all__ = [
     "NO_RETRY",
     "Adaptive",
     "DefinitionError",
+    "InputError",
     "Retry",
     "ReducerError",
     "RoutingError",

@@ -20,7 +20,7 @@ from workflows._policies import END, END_NAME, NO_RETRY, Retry, _End
 from workflows._reducers import MISSING, Reducer, check_reducer, reducers_of_model, replace
 from workflows._snapshots import Snapshots, snapshots_from
 from workflows._step import Step, is_async_callable
-from workflows.errors import DefinitionError, ReducerError, RoutingError
+from workflows.errors import DefinitionError, InputError, ReducerError, RoutingError
 
 __all__ = ["Workflow"]
 
@@ -432,7 +432,13 @@ class Workflow:
         if model is not None:
             if isinstance(value, model):
                 return value.model_dump()
-            return model.model_validate(value).model_dump()
+            try:
+                return model.model_validate(value).model_dump()
+            except ValueError as exc:  # pydantic's ValidationError: one line per field at fault
+                problems = [f"{'.'.join(str(p) for p in e['loc']) or '(the input)'}: {e['msg']}"
+                            for e in exc.errors()] if hasattr(exc, "errors") else [str(exc)]
+                raise InputError(f"input does not fit the state model {model.__name__}: " + "; ".join(problems),
+                                 workflow=self.name) from exc
         if hasattr(value, "model_dump"):
             return value.model_dump()
         if not isinstance(value, Mapping):

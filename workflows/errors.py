@@ -2,13 +2,14 @@
 
     WorkflowError             base of everything in this package
      ├── DefinitionError      the graph or an option is invalid (raised when it is built)
+     ├── InputError           a run's input does not fit the workflow's state model
      ├── RoutingError         a router returned something that is not a step, a list of steps or END
      └── ReducerError         a field's reducer could not merge a step's update into the state
 """
 
 from __future__ import annotations
 
-__all__ = ["WorkflowError", "DefinitionError", "RoutingError", "ReducerError"]
+__all__ = ["WorkflowError", "DefinitionError", "InputError", "RoutingError", "ReducerError"]
 
 
 class WorkflowError(Exception):
@@ -40,3 +41,11 @@ class ReducerError(WorkflowError):
     def __init__(self, message: str, *, field: str):
         self.field = field
         super().__init__(message)
+
+
+class InputError(WorkflowError):
+    """A run's input does not fit the workflow (its state model); nothing was started."""
+
+    def __init__(self, message: str, *, workflow: str | None = None):
+        self.workflow = workflow
+        super().__init__((f"workflow {workflow!r}: " if workflow else "") + message)

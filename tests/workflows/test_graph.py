@@ -232,3 +232,26 @@ def test_dict_input_required_for_untyped_state():
     wf = chain("a")
     with pytest.raises(DefinitionError, match="input must be a dict"):
         wf.initial_state([1])
+
+
+def test_an_input_that_does_not_fit_the_state_model_names_each_field_at_fault():
+    # Given a workflow whose state is a model with a required, typed field
+    from pydantic import BaseModel
+
+    from workflows import InputError
+
+    class Trip(BaseModel):
+        city: str
+        nights: int
+
+    wf = Workflow("typed_input", state=Trip)
+
+    @wf.step
+    def plan(ctx, state):
+        return {}
+
+    # When a run's input misses one field and mistypes the other
+    # Then one error names the workflow, the model and both fields
+    with pytest.raises(InputError, match=r"workflow 'typed_input': input does not fit the state model Trip: "
+                                         r"city: Field required; nights: Input should be a valid integer"):
+        wf.initial_state({"nights": "many"})
