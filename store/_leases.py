@@ -22,6 +22,14 @@ from .errors import LeaseHeldError, RunNotFoundError
 
 __all__ = ["Leases"]
 
+class _Keep:
+    """``release``'s default for ``wake_at``: leave the column as it is."""
+
+    __slots__ = ()
+
+
+KEEP = _Keep()
+
 _TAKE_LEASE = (
     "lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?,"
     # A previous owner that never released means the run is being recovered.
@@ -139,15 +147,19 @@ class Leases:
 
     def release(
         self, run_id: str, *, token: int, now: float, status: str | None = None,
-        error: str | None = None,
+        error: str | None = None, wake_at: float | None | _Keep = KEEP,
     ) -> None:
-        """Give the lease up (the token is kept), optionally setting status and error."""
+        """Give the lease up (the token is kept), optionally setting status and error, and the
+        wake-up time (``wake_at``: a run given back as it was before its lease was taken, parked)."""
         if status is None and error is not None:
             raise ValueError("leases.release: error needs a status")
         sets, params = "lease_owner = NULL, lease_expires_at = NULL", []
         if status is not None:
             sets += ", status = ?, error = ?, updated_at = ?"
             params = [status, error, now]
+        if not isinstance(wake_at, _Keep):
+            sets += ", wake_at = ?"
+            params.append(wake_at)
         self._update("leases.release", run_id, token, sets, params)
 
     def _update(self, op: str, run_id: str, token: int, sets: str, params: Any) -> None:

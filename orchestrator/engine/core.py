@@ -257,11 +257,13 @@ class Engine:
             _log.info("run %s: its owner %s is gone or idle; taking it over", run_id, held.owner)
             token = self.store.leases.acquire(run_id, owner=cfg.owner, ttl=cfg.lease_ttl, now=cfg.clock(),
                                               force=True, status="running")
-        return await self.drive_claimed(run_id, token, workflow=wf)
+        return await self.drive_claimed(run_id, token, workflow=wf, before=rec)
 
     async def drive_claimed(self, run_id: str, token: int, *, workflow: Workflow | None = None,
-                            allow_graph_change: bool | None = None) -> RunResult:
-        """Restore a run whose lease this process holds (``token``), journal ``Resumed``, drive it."""
+                            allow_graph_change: bool | None = None, before: Any = None) -> RunResult:
+        """Restore a run whose lease this process holds (``token``), journal ``Resumed``, drive it.
+        ``before``: the run's record from before its lease was taken (by ``resume``, which marks it
+        running and un-parks it): a resume that refuses gives the run back as it was."""
         wf = workflow
         rec = self.store.get_run(run_id)
         if wf is None:
@@ -286,7 +288,11 @@ class Engine:
                     changed=changed)
         except (MigrationError, CodeChangedError):
             try:
-                self.store.leases.release(run_id, token=token, now=self.config.clock())
+                if before is not None:  # still waiting for its signal or timer: for the old code to resume it
+                    self.store.leases.release(run_id, token=token, now=self.config.clock(), status=before.status,
+                                              error=before.error, wake_at=before.wake_at)
+                else:
+                    self.store.leases.release(run_id, token=token, now=self.config.clock())
             except StoreError:
                 pass  # fenced or gone meanwhile: the lease is not ours to give back
             raise

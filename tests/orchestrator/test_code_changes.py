@@ -185,3 +185,42 @@ def test_a_step_whose_file_no_longer_matches_its_code_is_hashed_from_its_bytecod
     # When its code is hashed, Then it gets a hash (of its bytecode), stable and not the source's error
     assert step_code(namespace["plan"]) == step_code(namespace["plan"])
     assert len(step_code(namespace["plan"])) == 16
+
+
+def waiting_for_go(*, answer: int) -> Workflow:
+    wf = Workflow("cc_wait", on_code_change="refuse")
+
+    if answer == 1:
+        def a(ctx, state):
+            return {"a": 1}
+    else:
+        def a(ctx, state):
+            return {"a": 2}  # a changed body
+
+    def b(ctx, state):
+        return {"b": ctx.wait_for("go")}
+
+    wf.step(a)
+    wf.step(b)
+    return wf
+
+
+def test_a_refused_resume_gives_a_waiting_run_back_still_waiting(orc_factory):
+    # Given a run parked on a signal, whose first step's code then changes under a refusing workflow
+    old = waiting_for_go(answer=1)
+    orc = orc_factory(old)
+    assert orc.run(old, {}, run_id="w1").status == "waiting"
+    before = orc.store.get_run("w1")
+    new = orc_factory(waiting_for_go(answer=2))
+    # When the new code is asked to resume it
+    with pytest.raises(CodeChangedError):
+        new.resume("w1")
+    # Then the run row is as it was: waiting, unleased, with its wake-up time; nothing was journaled
+    after = new.store.get_run("w1")
+    assert (after.status, after.lease_owner, after.wake_at, after.error) == \
+           (before.status, None, before.wake_at, before.error) == ("waiting", None, before.wake_at, None)
+    assert kinds(new, "w1")[-1] == "WaitStarted"
+    # And no recovery treats it as interrupted; the old code delivers the signal and finishes it
+    assert new.recover() == []
+    orc.signal("w1", "go", 7)
+    assert orc.resume("w1").state["b"] == 7
