@@ -72,6 +72,10 @@ class RunState:
     retry_at: dict[str, float] = field(default_factory=dict)
     #: the hash of each step's code as it first ran in this run (or as a CodeChanged accepted): step -> hash
     code: dict[str, str] = field(default_factory=dict)
+    #: effect steps of the current tick whose idempotency key has left the process (``KeyIssued``) in
+    #: an attempt that is over: step -> key. A later attempt with the same key, crashed before it sent
+    #: anything, is re-sent with it: the other side already knows that key (invariant 4).
+    issued: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,8 @@ class RunState:
             "timers": self.timers,
             "retry_at": self.retry_at,
             "code": self.code,
+            # Only when there is one: snapshots written before the field existed compare equal.
+            **({"issued": self.issued} if self.issued else {}),
         }
 
     @classmethod
@@ -131,13 +137,26 @@ def _migrated(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) 
 
 
 def _step_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    run.in_flight[data["step"]] = dict(data)
+    step = data["step"]
+    intent = dict(data)
+    key = data.get("key")
+    if key is not None:
+        earlier = run.in_flight.get(step)
+        # The key went out in an earlier attempt (or before a crash, in this one started again):
+        # that stays true of every attempt that carries it.
+        if run.issued.get(step) == key or (earlier is not None and earlier.get("key") == key
+                                            and earlier.get("key_issued")):
+            intent["key_issued"] = True
+    run.in_flight[step] = intent
 
 
 def _key_issued(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    intent = run.in_flight.get(data["step"])
+    step = data["step"]
+    intent = run.in_flight.get(step)
     if intent is not None:
         intent["key_issued"] = True
+        if intent.get("key") is not None:
+            run.issued[step] = intent["key"]
 
 
 def _step_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
@@ -162,6 +181,7 @@ def _step_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Re
     run.done[step] = {"update": data["update"], "next": list(data["next"]), "join": data.get("join")}
     run.failures.pop(step, None)
     run.in_flight.pop(step, None)
+    run.issued.pop(step, None)
     run.retry_at.pop(step, None)
     run.visits[step] = run.visits.get(step, 0) + 1
     _forget_step(run, step)
@@ -187,6 +207,8 @@ def _step_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduc
         run.in_flight[step]["in_doubt"] = True
     else:
         run.in_flight.pop(step, None)
+    if data.get("final"):
+        run.issued.pop(step, None)
     run.retry_at.pop(step, None)
     if not data.get("final") and data.get("retry_at") is not None:
         run.retry_at[step] = data["retry_at"]
@@ -337,7 +359,7 @@ def _saga_retried(run: RunState, seq: int, data: Mapping[str, Any], reduce: Redu
 #: carry on. Durable calls, waits, received signals, timers and backoffs recorded after the
 #: checkpoint belong to history that was undone: none of them may be reused after it.
 _RESTORED = ("state", "tick", "frontier", "done", "failures", "visits", "arrivals", "state_seq", "routed_errors",
-             "in_flight", "calls", "waits", "received", "timers", "retry_at")
+             "in_flight", "calls", "waits", "received", "timers", "retry_at", "issued")
 
 
 def _rolled_back(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:

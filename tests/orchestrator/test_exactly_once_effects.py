@@ -365,3 +365,46 @@ def test_a_timed_out_sync_step_is_fenced_and_does_not_hold_the_caller(orc_factor
     # And the attempt in doubt (resend=False) was not blindly retried: the step failed as in doubt
     assert result.status == "failed" and "InDoubtError" in result.error
     assert "attempt 2" not in outcomes
+
+
+def test_a_key_that_left_the_process_stays_known_across_a_second_crash_and_across_retries(orc_factory):
+    # Given an effect step that reads its key (so the key leaves the process), then dies in three
+    # ways in turn: after its call, again as a resume restarts it before it reaches its call, and
+    # (in a second run) in a retry's attempt after a first attempt whose call failed
+    sent_keys: list[str] = []
+    plan: list[str] = []
+
+    wf = Workflow("key-twice")
+
+    @wf.step(start=True, effect=True, retry=Retry(attempts=3, initial=0.001, jitter=False))
+    def charge(ctx, state):
+        what = plan.pop(0) if plan else "ok"
+        if what == "die-before-send":
+            raise Died  # a crash as the step starts again: nothing of this attempt left the process
+        sent_keys.append(ctx.idempotency_key)
+        if what == "die-after-send":
+            raise Died
+        if what == "fail":
+            raise ConnectionError("the service answered 500")
+        return {"charged": True}
+
+    wf.edge("charge", END)
+    # When the first run dies after its call and its resume dies before the call
+    plan[:] = ["die-after-send", "die-before-send"]
+    with pytest.raises(Died):
+        orc_factory(wf).run(wf, {}, run_id="k3")
+    with pytest.raises(Died):
+        orc_factory(wf).resume("k3")
+    # Then the next resume still knows the key went out, and re-sends with it instead of failing in doubt
+    result = orc_factory(wf).resume("k3")
+    assert result.status == "completed", result.error
+    assert sent_keys == ["k3:charge:0", "k3:charge:0"]
+    # When a second run's first attempt sends its key and fails, and its retry dies as it starts
+    sent_keys.clear()
+    plan[:] = ["fail", "die-before-send"]
+    with pytest.raises(Died):
+        orc_factory(wf).run(wf, {}, run_id="k4")
+    # Then the resume re-sends with the same key: the service already knows it
+    result = orc_factory(wf).resume("k4")
+    assert result.status == "completed", result.error
+    assert sent_keys == ["k4:charge:0", "k4:charge:0"]
