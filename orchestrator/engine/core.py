@@ -300,6 +300,7 @@ class Engine:
         choice = self.choose_interval(wf, now)
         run = ActiveRun(run_id, wf, token, folded, snap_seq, snapshot_at=now,
                         every=choice["every"] if choice else None)
+        run.row_status = rec.status  # a worker's claim leaves a queued run's row 'pending'
         missing = [s for s in {*folded.frontier, *folded.done, *folded.visits} if s not in wf.steps]
         if missing:
             raise GraphChangedError(

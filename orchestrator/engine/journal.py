@@ -61,7 +61,8 @@ class ActiveRun:
     """A run this process is driving: its workflow, its lease token and what its journal folds to."""
 
     __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "snapshot_at", "every", "lock",
-                 "broken", "snapshot_bytes", "journal_total", "snapshot_total", "last_snapshot", "pending", "chain")
+                 "broken", "snapshot_bytes", "journal_total", "snapshot_total", "last_snapshot", "pending", "chain",
+                 "row_status")
 
     def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int, *,
                  snapshot_at: float | None = None, every: int | None = None) -> None:
@@ -70,6 +71,9 @@ class ActiveRun:
         self.token = token
         #: the fold of every event journaled so far (the scheduler's position and the user state)
         self.folded = folded
+        #: the run row's status when it may differ from the journal's (a claimed run still 'pending' in
+        #: its queue): the next commit writes the journal's status to the row
+        self.row_status: str | None = None
         self.last_snapshot_seq = last_snapshot_seq
         #: when this process last snapshotted the run, or took it (the clock of ``Snapshots(seconds=)``)
         self.snapshot_at = snapshot_at
@@ -346,6 +350,10 @@ class JournalWriter:
             apply(folded, seq, EventKind.RUN_COMPLETED, {}, reduce)
             events.append(NewEvent(seq=seq, kind=EventKind.RUN_COMPLETED, data="{}", at=now))
         status: str | None = folded.status if folded.status != before else None
+        if run.row_status is not None:
+            if status is None and run.row_status != folded.status:
+                status = folded.status  # the row follows the journal (a queued run a worker now drives)
+            run.row_status = None
         error: str | None = None
         finished = folded.status in TERMINAL_STATUSES
         if finished:

@@ -216,3 +216,32 @@ def test_a_stopping_worker_hands_a_sync_step_back_at_its_next_boundary(db_url, t
             assert journal_problems(history) == []
             assert [e["data"]["step"] for e in history if e["kind"] == "StepCompleted"] == ["first", "second"]
             assert orc.get_run(run_id).recoveries == 0
+
+
+def test_a_queued_run_a_worker_is_driving_shows_running(db_url, thread_worker):
+    # Given an enqueued run whose step waits on the test inside a worker
+    gate = threading.Event()
+    inside = threading.Event()
+    wf = Workflow("shown")
+
+    @wf.step(start=True)
+    def work(ctx, state):
+        inside.set()
+        assert gate.wait(HANG)
+        return {"done": True}
+
+    wf.edge("work", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        run_id = orc.enqueue(wf, {})
+        assert orc.get_run(run_id).status == "pending"
+        tw = thread_worker(Worker(db_url, [wf], concurrency=1))
+        wait_for(inside.is_set, timeout=HANG, what="the run inside its step")
+        # When it is read while the worker drives it
+        row = orc.get_run(run_id)
+        listed = [r.run_id for r in orc.list_runs(status="running")]
+        gate.set()
+        wait_for(lambda: orc.get_run(run_id).status == "completed", timeout=HANG, what="the run to complete")
+        tw.stop()
+        # Then it was 'running', held by the worker, and a listing of running runs had it
+        assert (row.status, row.lease_owner is not None) == ("running", True)
+        assert listed == [run_id]
