@@ -123,6 +123,17 @@ class RunStateError(OrchestratorError):
     """The run's status does not allow the operation."""
 
 
+class JournalDamagedError(OrchestratorError):
+    """A run's journal cannot be folded: an event that is not JSON, of an unknown kind, lacking a
+    field its kind needs, or out of sequence. ``run_id`` and ``seq`` name the event; nothing was
+    written. ``agentsaga verify RUN`` reports every problem of the run."""
+
+    def __init__(self, message: str, *, run_id: str, seq: int | None = None):
+        self.run_id = run_id
+        self.seq = seq
+        super().__init__(message)
+
+
 class SavepointError(OrchestratorError):
     """A savepoint cannot be written, read or trusted: truncated, tampered with (the first bad link
     of its hash chain is named), of a newer format, unsigned or wrongly signed under a key, or for

@@ -19,7 +19,7 @@ EXPORTS: dict[str, set[str]] = {
         "Orchestrator", "RunResult", "StepContext",
         "OrchestratorError", "ConfigurationError", "WorkflowNotFoundError", "GraphChangedError", "EncodingError",
         "CodeChangedError", "MigrationError",
-        "StepTimeoutError", "LoopLimitError", "ToolLoopLimitError", "PromptError", "RunStateError", "SavepointError", "RunFailedError",
+        "StepTimeoutError", "LoopLimitError", "ToolLoopLimitError", "PromptError", "RunStateError", "JournalDamagedError", "SavepointError", "RunFailedError",
         "InDoubtError", "WaitTimeoutError", "ReplayError", "ReplayMismatchError", "ReplayMissingError", "ToolError",
         "RetryableToolError", "PermanentToolError", "CircuitOpenError",
         "StoreError", "StoreUnavailableError", "RunNotFoundError", "FencedError", "LeaseHeldError",

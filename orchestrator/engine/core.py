@@ -51,6 +51,7 @@ from orchestrator.errors import (
     CodeChangedError,
     ConfigurationError,
     GraphChangedError,
+    JournalDamagedError,
     MigrationError,
     RunStateError,
     SavepointError,
@@ -270,11 +271,11 @@ class Engine:
             wf = self.workflows.for_run(rec)
             assert wf is not None
             self.check_graph(rec, wf, allow_graph_change)
-        folded, snap_seq, rejected = self.restore(run_id, wf)
         migrated: tuple[str, str] | None = None
         upgrade: dict[str, Any] | None = None
         changed: dict[str, dict[str, str]] = {}
         try:
+            folded, snap_seq, rejected = self.restore(run_id, wf)
             if rec.version != wf.version and migration_path(wf, rec.version) is not None:
                 state, names = migrate_state(run_id, wf, folded.state, rec.version)
                 upgrade = {"from": rec.version, "to": wf.version, "migrations": names, "state": state}
@@ -286,7 +287,7 @@ class Engine:
                     "since they ran, and the workflow refuses to mix old and new results (on_code_change='refuse'); "
                     "restore the old code, or declare on_code_change='journal' to continue",
                     changed=changed)
-        except (MigrationError, CodeChangedError):
+        except (MigrationError, CodeChangedError, JournalDamagedError):
             try:
                 if before is not None:  # still waiting for its signal or timer: for the old code to resume it
                     self.store.leases.release(run_id, token=token, now=self.config.clock(), status=before.status,

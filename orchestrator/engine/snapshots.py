@@ -28,7 +28,7 @@ import hashlib
 import hmac
 import logging
 import platform
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -36,8 +36,10 @@ from typing import Any
 from orchestrator.engine.fold import Reduce, RunState, fold
 from orchestrator.engine.views import copy_json
 from orchestrator.payload import codec
+from orchestrator.errors import JournalDamagedError
 from store import NewSnapshot, SnapshotRecord, Store
 from workflows import reducers
+from workflows.errors import WorkflowError
 
 __all__ = ["AGENTSAGA_VERSION", "SNAPSHOT_SCHEMA", "SnapshotChain", "SnapshotMeta", "make_snapshot", "resolve_chains",
            "restore_run", "retained", "sign_snapshot", "snapshot_problem"]
@@ -405,5 +407,22 @@ def restore_run(store: Store, run_id: str, reduce: Reduce, *, key: bytes | None 
         bad.setdefault(info.seq, problem)
         reject(info.seq, problem)
     events = store.events(run_id, after_seq=folded.seq if folded else 0)
-    folded = fold(((e.seq, e.kind, codec.loads(e.data)) for e in events), reduce, start=folded)
+    at: list[Any] = [None, None]  # the event being folded: (seq, kind)
+
+    def decoded() -> Iterator[tuple[int, str, Any]]:
+        for event in events:
+            at[:] = event.seq, event.kind
+            yield event.seq, event.kind, codec.loads(event.data)
+
+    try:
+        folded = fold(decoded(), reduce, start=folded)
+    except WorkflowError:
+        raise  # the code's (a reducer that changed), not the journal's
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        seq, kind = at
+        what = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"a field is missing ({exc})"
+        raise JournalDamagedError(
+            f"run {run_id!r}: the journal cannot be folded at seq {seq} ({kind}): {what}; it was changed or "
+            f"damaged outside agentsaga. `agentsaga verify {run_id}` lists every problem; a savepoint or a fork "
+            "from an earlier step recovers the work done before it", run_id=run_id, seq=seq) from exc
     return folded, snap_seq, rejected
