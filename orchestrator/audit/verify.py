@@ -20,6 +20,10 @@ The rules, each reported with the seq it concerns:
   them never calls user code.
 - run row: when either the row or the journal says the run has ended, they say the same end.
 
+An incremental snapshot is compared as the full state its chain rebuilds. One whose chain cannot be
+rebuilt is still its raw link, no run state: it is reported once, with where its chain breaks, and a
+note says it was not compared. Problems are listed journal first, then snapshots by seq, then the run.
+
 Each snapshot's verdict (``VerifyReport.verdicts``) is what ``Audit.verify`` records in the
 checkpoint catalog: ``verified``, ``failed`` or ``quarantined`` (see docs/checkpoints.md).
 """
@@ -40,6 +44,7 @@ from store import EventRecord, SnapshotRecord
 __all__ = ["VerifyProblem", "VerifyReport", "verify_journal"]
 
 _MAX_DIFFERENCES = 20
+_SUBJECT_ORDER = {"journal": 0, "snapshot": 1, "run": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +139,10 @@ def verify_journal(
     verified = 0
     # What the catalog should record about each snapshot (see ``VerifyReport.verdicts``).
     verdicts: dict[int, tuple[str, str | None]] = {}
+    # An incremental whose chain cannot be rebuilt is still its raw link (a delta, not a run state):
+    # its problem says why, and comparing the link with the fold would only list every field as a
+    # difference, so it is reported once and not compared.
+    unbuilt = [s.seq for s in pending if s.kind != "full"]  # in seq order
     for snap in pending:
         problem = chain_problems.get(snap.seq) or snapshot_problem(snap)
         if problem is not None:
@@ -175,7 +184,7 @@ def verify_journal(
             stopped = seq
             break
         snap = by_seq.get(seq)
-        if snap is not None:
+        if snap is not None and snap.kind == "full":  # an unbuilt link is not a run state
             found = _compare(snap, folded, unknown=unknown_fields)
             if found is not None:
                 problems.append(found)
@@ -185,8 +194,12 @@ def verify_journal(
                 verified += 1
                 if unknown_fields is not None and not unknown_fields:  # compared whole: trusted
                     verdicts[seq] = ("verified", None)
+    if unbuilt:
+        many = len(unbuilt) != 1
+        notes.append(f"snapshot{'s' * many} at seq {', '.join(map(str, unbuilt))} {'were' if many else 'was'} "
+                     f"not compared with the fold: {'their chains' if many else 'its chain'} cannot be rebuilt")
     if stopped is not None:
-        later = [s.seq for s in pending if s.seq >= stopped]
+        later = [s.seq for s in pending if s.seq >= stopped and s.kind == "full"]
         if later:
             notes.append(f"snapshots at seq {', '.join(map(str, later))} were not compared with the fold: "
                          f"it stopped at seq {stopped}")
@@ -196,6 +209,9 @@ def verify_journal(
         # taken marks a pending run running before its Resumed event is appended).
         problems.append(VerifyProblem("run", None, f"the run row's status is {run_status!r} but the journal "
                                                    f"folds to {folded.status!r}"))
+    # The journal first, then the snapshots in seq order (a broken link after the snapshot that broke
+    # its chain), then the run row; each snapshot's own problems keep the order they were found in.
+    problems.sort(key=lambda p: (_SUBJECT_ORDER.get(p.subject, len(_SUBJECT_ORDER)), p.seq or 0))
     return VerifyReport(run_id=run_id, events=len(events), snapshots=len(pending), snapshots_verified=verified,
                         problems=tuple(problems), notes=tuple(notes),
                         verdicts=tuple((seq, *verdicts[seq]) for seq in sorted(verdicts)))
