@@ -41,7 +41,8 @@ class Fence:
     def fenced_error(self, run_id: str, token: int, current: int) -> FencedError:
         return FencedError(
             f"run {run_id!r}: lease token {token} is stale, the current token is {current}"
-            " (the run has been leased again since)",
+            " (the run has been leased again since: another process took it over, and this one must stop"
+            " driving it; the new owner continues it)",
             run_id=run_id,
             token=token,
             current_token=current,
