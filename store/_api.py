@@ -52,7 +52,7 @@ from ._records import (
     SnapshotInfo,
     SnapshotRecord,
 )
-from ._version import SCHEMA_VERSION, ensure_schema
+from ._version import SCHEMA_VERSION, check_schema, ensure_schema
 from ._signals import Signals
 from ._slots import Slots
 from ._stats import Stats
@@ -67,6 +67,21 @@ _RUN_COLUMNS = (
     " priority, dedup_key, wake_at, recoveries"
 )
 _SELECT_RUN = f"SELECT {_RUN_COLUMNS} FROM agentsaga_runs"
+
+#: The largest integer either backend stores or binds (a signed 64-bit integer): a larger one would
+#: fail deep in the driver (SQLite: OverflowError; Postgres: out of range), naming nothing.
+MAX_INT = 2**63 - 1
+
+
+def _whole(name: str, value: Any, *, low: int = 0) -> int:
+    """`value` as an int for the argument `name`, in `low..MAX_INT`; ValueError naming it if not."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in {low}..2**63-1, got {value!r}")
+    if not low <= value <= MAX_INT:
+        raise ValueError(f"{name} must be in {low}..2**63-1 (a signed 64-bit integer), got {value}")
+    return value
+
+
 class Store:
     """The runs and journal of one database, and its parts; thread-safe. Build it with
     `open_store`."""
@@ -80,11 +95,14 @@ class Store:
     failures: Failures
     stats: Stats
 
-    def __init__(self, dialect: Dialect, *, retry_for: float):
+    def __init__(self, dialect: Dialect, *, retry_for: float, create: bool = True):
         self._d = dialect
         self._b = boundary = Boundary(dialect, retry_for=retry_for)
+        # create=False: an existing schema at this version, checked and never changed (no DDL,
+        # no migration, no version row written): what reading a database needs.
+        schema = ensure_schema if create else check_schema
         try:
-            boundary.run("open", lambda conn: ensure_schema(dialect, conn))
+            boundary.run("open", lambda conn: schema(dialect, conn))
         except BaseException:
             boundary.close()
             raise
@@ -161,7 +179,10 @@ class Store:
         offset: int = 0,
     ) -> list[RunRecord]:
         """Runs newest first (created_at, then creation order); `since <= created_at < until`;
-        `limit=None` lists all."""
+        `limit=None` lists all. `limit` and `offset` are integers in 0..2**63-1 (else ValueError)."""
+        if limit is not None:
+            _whole("list_runs: limit", limit)
+        _whole("list_runs: offset", offset)
         where: list[str] = []
         params: list[Any] = []
         if status is not None:
@@ -313,7 +334,11 @@ class Store:
     def events(
         self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None
     ) -> list[EventRecord]:
-        """Events with `after_seq < seq <= until_seq`, ascending."""
+        """Events with `after_seq < seq <= until_seq`, ascending; both seqs are integers in
+        0..2**63-1 (else ValueError)."""
+        _whole("events: after_seq", after_seq)
+        if until_seq is not None:
+            _whole("events: until_seq", until_seq)
         journal = self._journal
         return self._b.run("events", lambda conn: journal.read(conn, run_id, after_seq, until_seq))
 
@@ -340,6 +365,7 @@ class Store:
 
     def snapshot(self, run_id: str, seq: int) -> SnapshotRecord | None:
         """The snapshot taken at `seq`, or None."""
+        _whole("snapshot: seq", seq)
         found = self._b.run("snapshot", lambda conn: self._snapshots(conn, run_id, seq))
         return found[0] if found else None
 
@@ -383,6 +409,7 @@ class Store:
         `quarantined` keeps its mark and reason (a recovery confirming what a check found)."""
         if validity not in VALIDITY:
             raise ValueError(f"mark_snapshot: validity must be one of {', '.join(VALIDITY)}, got {validity!r}")
+        _whole("mark_snapshot: seq", seq)
         sql = (
             "UPDATE agentsaga_snapshots SET validity = ?, validity_reason = ?, checked_at = ?"
             " WHERE run_pk = ? AND seq = ?"
@@ -404,6 +431,7 @@ class Store:
         incremental ones, back to their full snapshot); return how many were deleted."""
         if keep < 0:
             raise ValueError("prune_snapshots: keep must be >= 0")
+        _whole("prune_snapshots: keep", keep)
 
         def work(conn: Any) -> int:
             pk = self._fence.require_run(conn, run_id)

@@ -18,8 +18,16 @@ def open_store(
     sqlite_journal_mode: str = "WAL",
     busy_timeout: float = 5.0,
     retry_for: float = 10.0,
+    create: bool = True,
 ) -> Store:
     """Open the database at `url` (default: `default_url()`), creating or migrating its schema.
+
+    `create=False` opens an existing agentsaga database and changes nothing about it: no file,
+    table or version row is created, no migration is run, and a SQLite file keeps its journal
+    mode. A database without the agentsaga tables, or at an older schema version, raises
+    `SchemaVersionError` naming it; a SQLite file that does not exist raises
+    `StoreUnavailableError`, and an in-memory URL `ConfigError` (there is nothing to read in it).
+    What reading a database (the audit verbs) needs.
 
     `busy_timeout` is how long one SQLite statement waits for a lock; `retry_for` bounds how
     long transient failures (locked, unreachable, connection lost) are retried with backoff
@@ -41,13 +49,15 @@ def open_store(
             f"sqlite_journal_mode must be one of {', '.join(JOURNAL_MODES)},"
             f" not {sqlite_journal_mode!r}"
         )
+    if not isinstance(create, bool):
+        raise ConfigError(f"create must be True or False, not {create!r}")
     for option, value in (("busy_timeout", busy_timeout), ("retry_for", retry_for)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise ConfigError(f"{option} must be a number of seconds >= 0, not {value!r}")
     dialect: Dialect
     if kind == "sqlite":
         dialect = SQLiteDialect(url, parsed, synchronous=synchronous, journal_mode=journal_mode,
-                                busy_timeout=float(busy_timeout))
+                                busy_timeout=float(busy_timeout), create=bool(create))
     else:
         try:
             # Imported here: psycopg is an optional dependency (agentsaga[postgres]).
@@ -57,4 +67,4 @@ def open_store(
                 f"{mask_url(url)}: Postgres needs psycopg 3; install agentsaga[postgres] ({exc})"
             ) from None
         dialect = PostgresDialect(url, parsed, retry_for=float(retry_for))
-    return Store(dialect, retry_for=float(retry_for))
+    return Store(dialect, retry_for=float(retry_for), create=bool(create))

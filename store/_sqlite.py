@@ -13,12 +13,14 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.request import pathname2url
 
 from sqlalchemy.dialects import sqlite as sa_sqlite
 from sqlalchemy.engine import URL
 
 from ._dialect import Dialect, ErrorKind
 from ._url import config_error, mask_url
+from .errors import ConfigError, StoreUnavailableError
 
 __all__ = ["SQLiteDialect"]
 
@@ -46,7 +48,8 @@ class SQLiteDialect(Dialect):
     table_exists_sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
 
     def __init__(
-        self, url: str, parsed: URL, *, synchronous: str, journal_mode: str, busy_timeout: float
+        self, url: str, parsed: URL, *, synchronous: str, journal_mode: str, busy_timeout: float,
+        create: bool = True,
     ):
         if parsed.username or parsed.password or parsed.host or parsed.port:
             raise config_error(url, "a sqlite URL has no user, host or port (sqlite:///path)")
@@ -66,10 +69,31 @@ class SQLiteDialect(Dialect):
         self.synchronous = synchronous
         self.journal_mode = journal_mode
         self.busy_timeout = busy_timeout
+        # create=False: the file must exist and is opened as it is: `mode=rw` never creates it
+        # (and falls back to reading a write-protected one), and its journal mode is left alone
+        # (setting WAL rewrites the header of a file that may be another application's).
+        self.create = create
+        if not create:
+            if self.shared:
+                raise ConfigError(
+                    f"{self.url} is an in-memory database, new and empty at every open: there is "
+                    "nothing in it to read (an open that may not create a schema needs a database "
+                    "that exists)"
+                )
+            if not os.path.exists(self.path):
+                raise StoreUnavailableError(
+                    f"no database at {database!r} (working directory {os.getcwd()!r}): {self.url} "
+                    "names no file, and an open for reading never creates one",
+                    url=self.url,
+                )
 
     def connect(self) -> sqlite3.Connection:
+        target, uri = self.path, False
+        if not self.create:
+            target, uri = f"file:{pathname2url(self.path)}?mode=rw", True
         conn = sqlite3.connect(
-            self.path,
+            target,
+            uri=uri,
             timeout=self.busy_timeout,
             isolation_level=None,
             # The boundary guarantees one thread at a time per connection; this lets it close
@@ -78,7 +102,7 @@ class SQLiteDialect(Dialect):
             cached_statements=256,
         )
         try:
-            if not self.shared:
+            if not self.shared and self.create:
                 # Persistent in the file; a no-op once set. Fetch the answer so the statement
                 # is finished before the next one.
                 conn.execute(f"PRAGMA journal_mode = {self.journal_mode}").fetchall()

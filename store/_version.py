@@ -1,4 +1,6 @@
-"""The schema's version, its migrations, and opening a database (``ensure_schema``).
+"""The schema's version, its migrations, and opening a database: ``ensure_schema`` creates or
+migrates the schema (an open that may write), ``check_schema`` only checks it (an open that may
+not: ``open_store(create=False)``, what the reading verbs use).
 
 Kept apart from the tables (``_schema.py``, SQLModel classes): a process that opens a database
 already at this version (every read verb, every worker after the first) reads one row and never
@@ -11,7 +13,7 @@ from collections.abc import Callable
 
 from .errors import SchemaVersionError, StoreError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema"]
 
 SCHEMA_VERSION = 3
 
@@ -62,31 +64,75 @@ def _v2_to_v3(execute: Callable[[str], None], dialect_name: str) -> None:
 MIGRATIONS[2] = _v2_to_v3
 
 
+#: The tables every agentsaga schema has had since version 1: finding any of them without a version
+#: row means the schema is damaged, not absent.
+_CORE_TABLES = ("agentsaga_runs", "agentsaga_events", "agentsaga_snapshots")
+
+
 def _stored_version(dialect, conn) -> int | None:
-    """The schema version recorded in the database; None for a fresh database."""
-    if dialect.fetchone(conn, dialect.table_exists_sql, ("agentsaga_meta",)) is None:
-        return None
-    row = dialect.fetchone(
-        conn, "SELECT value FROM agentsaga_meta WHERE key = ?", ("schema_version",)
-    )
+    """The schema version recorded in the database; None when it holds no agentsaga schema at all.
+
+    A schema with agentsaga tables but no version row (its meta table or the row deleted) is
+    damage: raised as such, never stamped with a version it may not have."""
+    row = None
+    if dialect.fetchone(conn, dialect.table_exists_sql, ("agentsaga_meta",)) is not None:
+        row = dialect.fetchone(
+            conn, "SELECT value FROM agentsaga_meta WHERE key = ?", ("schema_version",)
+        )
     if row is None:
+        if any(dialect.fetchone(conn, dialect.table_exists_sql, (table,)) is not None
+               for table in _CORE_TABLES):
+            raise StoreError(
+                f"{dialect.url} is damaged: it holds agentsaga tables but no schema version "
+                "(agentsaga_meta.schema_version is missing); it is not opened, so that no version "
+                "is guessed for it"
+            )
         return None
     try:
         return int(row[0])
     except ValueError:
         raise StoreError(
-            f"agentsaga_meta.schema_version is {row[0]!r}, not a number: the database is damaged"
+            f"{dialect.url} is damaged: agentsaga_meta.schema_version is {row[0]!r}, not a number"
         ) from None
 
 
-def _refuse_newer(found: int) -> None:
+def _refuse_newer(dialect, found: int) -> None:
     if found > SCHEMA_VERSION:
         raise SchemaVersionError(
             f"database schema version {found} is newer than this agentsaga supports "
-            f"({SCHEMA_VERSION})",
+            f"({SCHEMA_VERSION}): {dialect.url} was written by a newer agentsaga; upgrade "
+            "agentsaga to use it",
             found=found,
             supported=SCHEMA_VERSION,
         )
+
+
+def check_schema(dialect, conn) -> int:
+    """The version of an existing schema that this code can use as it is; raise otherwise.
+
+    What an open that may not write (``open_store(create=False)``) does instead of
+    ``ensure_schema``: reads only, and creates, migrates or stamps nothing. A database without
+    the agentsaga tables (another application's, an empty file, a new schema) and one whose
+    schema needs a migration are both refused, naming the database."""
+    found = _stored_version(dialect, conn)
+    if found is None:
+        raise SchemaVersionError(
+            f"{dialect.url} holds no agentsaga tables: not an agentsaga database, or none was "
+            "written yet",
+            found=None,
+            supported=SCHEMA_VERSION,
+        )
+    _refuse_newer(dialect, found)
+    if found < SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{dialect.url} has schema version {found} and this agentsaga reads version "
+            f"{SCHEMA_VERSION}: it needs a migration, which an open for reading never makes. An "
+            "open that may write migrates it: a verb that drives runs (agentsaga run, resume, "
+            "recover or worker), or Orchestrator(url) or open_store(url) in Python; read it after that",
+            found=found,
+            supported=SCHEMA_VERSION,
+        )
+    return found
 
 
 def ensure_schema(dialect, conn) -> int | None:
@@ -99,7 +145,7 @@ def ensure_schema(dialect, conn) -> int | None:
     """
     found = _stored_version(dialect, conn)
     if found is not None:
-        _refuse_newer(found)
+        _refuse_newer(dialect, found)
         if found == SCHEMA_VERSION:
             return found
     from ._schema import PG_NOTIFY_DDL, ddl, meta_ddl  # creating or migrating: the tables are needed
@@ -108,6 +154,9 @@ def ensure_schema(dialect, conn) -> int | None:
     with dialect.transaction(conn):
         for sql in dialect.schema_lock_sql:
             dialect.execute(conn, sql, ())
+        # The meta table first (IF NOT EXISTS): on Postgres, creating it waits for a racing
+        # creator's commit and makes its tables visible to this transaction, where a catalog lookup
+        # alone (to_regclass) may still miss them. Damage found after it rolls it back.
         dialect.execute(conn, meta_ddl(sa_dialect), ())
         found = _stored_version(dialect, conn)  # again: another process may have won the race
         if found is None:
@@ -121,7 +170,7 @@ def ensure_schema(dialect, conn) -> int | None:
                 ("schema_version", str(SCHEMA_VERSION)),
             )
             return None
-        _refuse_newer(found)
+        _refuse_newer(dialect, found)
         for version in range(found, SCHEMA_VERSION):
             migration = MIGRATIONS.get(version)
             if migration is None:

@@ -5,7 +5,8 @@ crosses the package boundary (the driver's exception is kept as `__cause__` for 
 
     StoreError
      ├── ConfigError            malformed URL / unsupported scheme / bad option
-     ├── SchemaVersionError     database made by a newer agentsaga
+     ├── SchemaVersionError     database made by a newer agentsaga; with create=False also
+ │                          one without the agentsaga tables, or one that needs a migration
      ├── StoreUnavailableError  unreachable or locked after retrying with backoff for `retry_for` s
      ├── RunNotFoundError       unknown run id (carries .run_id)
      ├── DuplicateRunError      run id or dedup key already exists
@@ -42,7 +43,9 @@ class ConfigError(StoreError):
 
 
 class SchemaVersionError(StoreError):
-    """The database was created by a newer agentsaga than this one."""
+    """The database was created by a newer agentsaga than this one; or, opened with
+    ``create=False`` (which never creates or migrates a schema), it holds no agentsaga tables
+    (``found`` None) or an older schema that needs a migration (``found`` < ``supported``)."""
 
     def __init__(self, message: str, *, found: int | None = None, supported: int | None = None):
         super().__init__(message)

@@ -169,10 +169,11 @@ def test_newer_schema_version_is_refused(db_url, raw_sql):
     # When this agentsaga opens it
     with pytest.raises(SchemaVersionError) as raised:
         open_store(db_url)
-    # Then it refuses, naming both versions
-    assert str(raised.value) == (
-        f"database schema version 999 is newer than this agentsaga supports ({SCHEMA_VERSION})"
+    # Then it refuses, naming both versions and the database
+    assert str(raised.value).startswith(
+        f"database schema version 999 is newer than this agentsaga supports ({SCHEMA_VERSION}): "
     )
+    assert db_url.split("?")[0].split("@")[-1] in str(raised.value)
     assert (raised.value.found, raised.value.supported) == (999, SCHEMA_VERSION)
 
 
