@@ -16,6 +16,7 @@ Two ways read naturally in a workflow file, and both are supported:
     def was_charged(ctx, effect): ...
 
 A step may also name a registry entry: ``@trip.step(effect=True, compensate="refund_card")``.
+``Compensations.combine(a, b)`` makes one registry of several (an app whose modules each hold one).
 ``resolve_compensation`` is the single rule the engine uses to pick one.
 
 A compensation and a check hook are called as ``fn(ctx, effect)`` (sync or async), where
@@ -57,6 +58,33 @@ def _check_handler(fn: object, what: str) -> Handler:
     except ValueError:
         pass  # no introspectable signature (some builtins): trust the caller
     return fn  # type: ignore[return-value]
+
+
+def _describe(fn: Handler) -> str:
+    """A handler for a message: its name and, when Python knows it, where it is defined."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return repr(name)
+    return f"{name!r} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _same_definition(a: Handler, b: Handler) -> bool:
+    """Whether two handlers are one function: the same object, or the same top-level ``def`` (its
+    name, file and line; no closure, which could hold different values) executed twice, as when one
+    file is imported under two module names."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_b is None or getattr(a, "__closure__", None) or getattr(b, "__closure__", None):
+        return False
+    try:
+        same_defaults = (a.__defaults__ == b.__defaults__  # type: ignore[attr-defined]
+                         and a.__kwdefaults__ == b.__kwdefaults__)  # type: ignore[attr-defined]
+    except Exception:  # a default whose == raises: not provably the same
+        return False
+    return (same_defaults and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+            and (code_a.co_filename, code_a.co_firstlineno) == (code_b.co_filename, code_b.co_firstlineno))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +137,47 @@ class Compensations:
             return func
 
         return register(fn) if fn is not None else register
+
+    @classmethod
+    def combine(cls, *registries: Compensations, policy: CompensationPolicy | None = None) -> Compensations:
+        """A new registry holding the entries of ``registries`` (say, one per module of an app).
+
+        Each compensation keeps the policy it was registered with. A name registered in several of
+        them with the same function (and policy) is one entry: the same object, or the same
+        definition imported twice (one file loaded as the app and imported by another module of it);
+        with different functions, or with two policies, it is a ``CompensationDefinitionError`` naming
+        both definitions, and so are two different check hooks for one name. ``policy`` is the default for effects in none of them (a
+        step's own ``compensate=``): by default the one the registries share, else
+        ``DEFAULT_COMPENSATION_POLICY``."""
+        for registry in registries:
+            if not isinstance(registry, Compensations):
+                raise CompensationDefinitionError(f"Compensations.combine() takes Compensations registries, "
+                                                  f"got {registry!r}")
+        if policy is None:
+            shared = registries[0].policy if registries else DEFAULT_COMPENSATION_POLICY
+            policy = shared if all(r.policy == shared for r in registries) else DEFAULT_COMPENSATION_POLICY
+        combined = cls(policy=policy)
+        for registry in registries:
+            for name, entry in registry._compensations.items():
+                seen = combined._compensations.setdefault(name, entry)
+                if not _same_definition(seen.fn, entry.fn):
+                    raise CompensationDefinitionError(
+                        f"two compensations for {name!r}: {_describe(seen.fn)} and {_describe(entry.fn)}; "
+                        "one effect has one compensation: keep one of them"
+                    )
+                if seen.policy != entry.policy:
+                    raise CompensationDefinitionError(
+                        f"the compensation for {name!r} ({_describe(entry.fn)}) is registered with two different "
+                        "policies; register it once"
+                    )
+            for name, fn in registry._checks.items():
+                seen_check = combined._checks.setdefault(name, fn)
+                if not _same_definition(seen_check, fn):
+                    raise CompensationDefinitionError(
+                        f"two check hooks for {name!r}: {_describe(seen_check)} and {_describe(fn)}; "
+                        "one effect has one check hook"
+                    )
+        return combined
 
     def get(self, name: str) -> Handler | None:
         """The compensation registered for ``name``, or None."""

@@ -16,6 +16,13 @@ Two shapes of spec:
   config). A module's workflows are the ``Workflow`` objects at its top level, in definition
   order; ``:attr`` names one workflow or a list of them.
 
+An app supplies its compensations too: ``load_app_code`` returns the workflows and the
+``compensations.Compensations`` registries at the module's top level (with ``:attr`` as well: the
+attribute picks workflows, and the registries of the module they are defined beside still undo
+their effects), and ``AppCode.registry()`` makes one registry of them for the Orchestrator. A
+module of an app may hold only registries; ``load_registries`` gives those of a ``run`` target's
+module.
+
 ``base`` is the directory relative paths and modules are resolved in (a config file's directory;
 the working directory by default): a file path is joined to it, and it is put first on
 ``sys.path`` while a module is imported, as ``python -m`` puts the working directory there. So
@@ -34,13 +41,37 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compensations import Compensations
 from orchestrator.errors import WorkflowNotFoundError
 from workflows import Workflow
 
-__all__ = ["load_target", "load_app", "split_spec"]
+__all__ = ["AppCode", "load_target", "load_app", "load_app_code", "load_registries", "split_spec"]
+
+
+@dataclass(frozen=True, slots=True)
+class AppCode:
+    """What an app supplies: its workflows, and the compensation registries defined beside them."""
+
+    workflows: tuple[Workflow, ...] = ()
+    compensations: tuple[Compensations, ...] = ()
+
+    def __add__(self, other: AppCode) -> AppCode:
+        """Both apps' code, each object once (a module imported under two specs is one module)."""
+        return AppCode(tuple(_unique((*self.workflows, *other.workflows))),
+                       tuple(_unique((*self.compensations, *other.compensations))))
+
+    def registry(self) -> Compensations | None:
+        """The app's compensations as one registry for ``Orchestrator(compensations=...)``: None
+        without any, the one registry it has, else ``Compensations.combine`` of them (one name with
+        two different functions is a ``CompensationDefinitionError`` naming both)."""
+        found: list[Compensations] = _unique(self.compensations)
+        if not found:
+            return None
+        return found[0] if len(found) == 1 else Compensations.combine(*found)
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -71,6 +102,11 @@ def _import(where: str, spec: str, what: str, base: Path | None) -> Any:
         raise
     except Exception as exc:  # an import error inside user code: say which spec and why
         raise WorkflowNotFoundError(f"cannot import {what} {spec!r}: {type(exc).__name__}: {exc}") from exc
+    except SystemExit as exc:  # a script's own exit on import: not ours to obey silently
+        raise WorkflowNotFoundError(
+            f"cannot import {what} {spec!r}: importing it called sys.exit({exc.code!r}); an app module "
+            "must define its workflows without running a program (put that under "
+            "`if __name__ == \"__main__\":`)") from exc
 
 
 def load_target(spec: str, *, base: str | os.PathLike[str] | None = None) -> Workflow:
@@ -92,12 +128,42 @@ def load_app(spec: str, *, base: str | os.PathLike[str] | None = None) -> list[W
     ``:attr`` names (a Workflow or a list of them). An app without any is an error."""
     where, attr = _split(spec, "app")
     module = _import(where, spec, "app", _base(base))
+    found = _workflows(module, spec, where, attr)
+    if not found:
+        raise WorkflowNotFoundError(f"app {spec!r} defines no Workflow at its top level; name one with "
+                                    f"'{where}:attr'")
+    return found
+
+
+def load_app_code(spec: str, *, base: str | os.PathLike[str] | None = None) -> AppCode:
+    """The workflows of an application (as ``load_app``) and the ``Compensations`` registries at its
+    module's top level, also when ``:attr`` picks the workflows. A module may hold only registries
+    (the compensations of workflows defined in another module of the app); one with neither is an
+    error."""
+    where, attr = _split(spec, "app")
+    module = _import(where, spec, "app", _base(base))
+    code = AppCode(tuple(_workflows(module, spec, where, attr)), tuple(_registries(module)))
+    if not code.workflows and not code.compensations:
+        raise WorkflowNotFoundError(f"app {spec!r} defines no Workflow (and no Compensations registry) at its "
+                                    f"top level; name a workflow with '{where}:attr'")
+    return code
+
+
+def load_registries(spec: str, *, base: str | os.PathLike[str] | None = None) -> list[Compensations]:
+    """The ``Compensations`` registries at the top level of the module or file ``spec`` names (its
+    ``:attr``, if any, is not looked at): those of a workflow ``run`` was given as code."""
+    where, _ = _split(spec, "workflow target")
+    return _registries(_import(where, spec, "workflow target", _base(base)))
+
+
+def _registries(module: Any) -> list[Compensations]:
+    return _unique(v for v in vars(module).values() if isinstance(v, Compensations))
+
+
+def _workflows(module: Any, spec: str, where: str, attr: str | None) -> list[Workflow]:
+    """A module's top-level workflows (possibly none), or the one(s) ``attr`` names (then required)."""
     if attr is None:
-        found = _unique(v for v in vars(module).values() if isinstance(v, Workflow))
-        if not found:
-            raise WorkflowNotFoundError(f"app {spec!r} defines no Workflow at its top level; name one with "
-                                        f"'{where}:attr'")
-        return found
+        return _unique(v for v in vars(module).values() if isinstance(v, Workflow))
     value: Any = getattr(module, attr, None)
     if value is None:
         raise WorkflowNotFoundError(f"app {spec!r}: {where!r} has no attribute {attr!r}")
@@ -108,11 +174,12 @@ def load_app(spec: str, *, base: str | os.PathLike[str] | None = None) -> list[W
     raise WorkflowNotFoundError(f"app {spec!r} is a {type(value).__name__}, not a Workflow or a list of Workflows")
 
 
-def _unique(values: Iterable[Workflow]) -> list[Workflow]:
-    out: list[Workflow] = []
-    for wf in values:
-        if not any(wf is seen for seen in out):
-            out.append(wf)
+def _unique(values: Iterable[Any]) -> list[Any]:
+    """``values`` in order, each object once (by identity)."""
+    out: list[Any] = []
+    for value in values:
+        if not any(value is seen for seen in out):
+            out.append(value)
     return out
 
 

@@ -120,7 +120,10 @@ class SagaRunner:
             return None, f"effect of step {effect.step!r} (key {effect.key!r}) was NOT undone: {exc}"
         if handler is None:
             return None, (f"effect of step {effect.step!r} (key {effect.key!r}) was recorded with a compensation, "
-                          "but the step has none now (renamed or removed from the code); it was NOT undone")
+                          "but none is found for it now; it was NOT undone. Either it was renamed or removed from "
+                          "the code, or it is registered in a Compensations registry this process was not given: "
+                          "pass the registry to the Orchestrator (compensations=...), or define it at the top "
+                          "level of the app module the command line imports (--app)")
         return handler, ""
 
     async def _compensate_one(self, run: ActiveRun, effect: EffectRecord, handler: Any) -> bool:

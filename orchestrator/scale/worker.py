@@ -51,11 +51,12 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from compensations import Compensations
 from orchestrator._orchestrator import Orchestrator
 from orchestrator.contrib.otel import Tracing
 from orchestrator.engine.config import default_owner
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
-from orchestrator.engine.loader import load_app
+from orchestrator.engine.loader import AppCode, load_app_code
 from orchestrator.engine.queues import check_queue_name
 from orchestrator.errors import ConfigurationError, GraphChangedError, WorkflowNotFoundError
 from orchestrator.scale.deadletter import DEFAULT_MAX_FAILURES, DeadLetterPolicy
@@ -127,6 +128,9 @@ class Worker:
     ``":attr"``: see ``orchestrator.engine.loader.load_app``); with an Orchestrator, its registered
     workflows too. Runs of any other workflow are left for other workers. Keyword-only options:
 
+    - ``compensations`` (with a URL only): a ``compensations.Compensations`` registry, as for
+      ``Orchestrator``; the registries at the top level of the apps named in ``targets`` are added
+      to it (``Compensations.combine``). With an Orchestrator, its own compensations are used
     - ``concurrency`` (4): runs driven at once by this worker
     - ``queues`` (None: every queue, and runs with none): the queues this worker serves
     - ``lease_ttl`` (30 s; with a URL only): a lease expires this long after its last renewal
@@ -147,7 +151,7 @@ class Worker:
                  max_failures: int = DEFAULT_MAX_FAILURES, drain: float = 20.0, skip_for: float = 60.0,
                  tracing: Any = False, owner: str | None = None,
                  store_options: dict[str, Any] | None = None, redact: Iterable[str] = (),
-                 redact_fields: Iterable[str] = ()) -> None:
+                 redact_fields: Iterable[str] = (), compensations: Compensations | None = None) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         if isinstance(queues, str):
@@ -167,20 +171,24 @@ class Worker:
                 _log.warning("limits name queues this worker does not serve: %s", ", ".join(unserved))
         if isinstance(targets, (str, Workflow)):
             targets = [targets]
-        workflows: list[Workflow] = []
+        if compensations is not None and not isinstance(compensations, Compensations):
+            raise ConfigurationError(f"compensations must be a compensations.Compensations registry, "
+                                     f"got {compensations!r}")
+        code = AppCode(compensations=(compensations,) if compensations is not None else ())
         for t in targets:
-            found = load_app(t) if isinstance(t, str) else [t]
-            for wf in found:
+            app = load_app_code(t) if isinstance(t, str) else AppCode((t,))
+            for wf in app.workflows:
                 if not isinstance(wf, Workflow):
                     raise ConfigurationError(f"targets must be app modules ('mypkg.agents', 'flows.py', "
                                              f"'module:attr') or Workflow objects, got {wf!r}")
-                if not any(wf is w for w in workflows):
-                    workflows.append(wf)
+            code += app
+        workflows = list(code.workflows)
         beat = None if heartbeat is None else _seconds(heartbeat, "heartbeat")
         if isinstance(orc_or_url, Orchestrator):
             self.orc, self._owns_orc = orc_or_url, False
             _check_given(orc_or_url, lease_ttl=lease_ttl, heartbeat=beat, limits=self.limits, tracing=tracing,
-                         owner=owner, store_options=store_options, redact=tuple(redact) or tuple(redact_fields))
+                         owner=owner, store_options=store_options, redact=tuple(redact) or tuple(redact_fields),
+                         compensations=compensations)
             self.orc.register(*workflows)
             found = [o for o in orc_or_url.engine.journal.observers if isinstance(o, Tracing)]
             self.tracing = found[0] if found else None
@@ -192,6 +200,7 @@ class Worker:
             self.tracing = Tracing(None if tracing is True else tracing, owner=owner) if tracing else None
             self.orc = Orchestrator(orc_or_url, workflows=workflows, lease_ttl=ttl, heartbeat=beat, owner=owner,
                                     store_options=store_options, tool_limits=self.limits.tool_limits,
+                                    compensations=code.registry(),
                                     redact=redact, redact_fields=redact_fields,
                                     observers=[self.tracing] if self.tracing is not None else ())
             self._owns_orc = True
@@ -480,7 +489,7 @@ class Worker:
 
 
 def _check_given(orc: Orchestrator, *, lease_ttl: Any, heartbeat: float | None, limits: Limits, tracing: Any,
-                 owner: str | None, store_options: Any, redact: Any = ()) -> None:
+                 owner: str | None, store_options: Any, redact: Any = (), compensations: Any = None) -> None:
     """With an Orchestrator given, what shapes driving is the Orchestrator's own setting."""
     config = orc.engine.config
     if lease_ttl is not None and lease_ttl != config.lease_ttl:
@@ -496,3 +505,5 @@ def _check_given(orc: Orchestrator, *, lease_ttl: Any, heartbeat: float | None, 
         raise ConfigurationError("owner and store_options are the Orchestrator's when one is given")
     if redact:
         raise ConfigurationError("redaction is the Orchestrator's: pass Orchestrator(..., redact=..., redact_fields=...)")
+    if compensations is not None:
+        raise ConfigurationError("compensations are the Orchestrator's: pass Orchestrator(..., compensations=...)")
