@@ -141,14 +141,16 @@ class Audit:
         written and fsynced before its run is deleted, one run at a time, and the delete is
         conditional on the run still being finished: a crash at any point loses no run (at worst a run
         is both in the database and in its file, and archiving again finishes the job). Unfinished
-        runs are never touched."""
+        runs are never touched. ``to`` must be a directory that exists (``agentsaga archive`` makes
+        a missing last directory of ``--to`` before calling this)."""
         if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or older_than < 0:
             raise ConfigurationError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
         if self._savepoint is None:
             raise ConfigurationError("archive needs the engine's savepoints (use Orchestrator.archive)")
         folder = Path(to)
         if not folder.is_dir():
-            raise ConfigurationError(f"archive: {str(folder)!r} is not a directory")
+            missing = "" if folder.exists() else ": it does not exist (make it first)"
+            raise ConfigurationError(f"archive: {str(folder)!r} is not a directory{missing}")
         finished = self.store.list_runs(status=GC_STATUSES, limit=None)
         doomed = plan_deletions(finished, cutoff=self.clock() - older_than)
         archived: list[dict[str, Any]] = []

@@ -11,6 +11,10 @@ look").
 app (invariant 11): a run's state is read from its newest verified snapshot and the events after
 it, and ``show`` says how it was read. Only ``fork`` loads the app (it starts a run, and may
 drive it with ``--run``).
+
+The verbs that read a database (all but ``restore``, ``retention`` and ``fork``) open it with
+``common.open_reader``: the store's ``create=False``, so a database that is not an agentsaga database,
+or needs a migration, is refused naming it and left exactly as it was (invariant 10).
 """
 
 from __future__ import annotations
@@ -19,27 +23,52 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from orchestrator._orchestrator import Orchestrator
 from orchestrator.payload import codec
 from orchestrator.cli.common import (
     CommandError,
     UsageError,
     add_app_flag,
     add_progress_flag,
+    app_workflows,
     follow_up,
     open_orchestrator,
     open_reader,
     parse_duration,
+    signing_key,
 )
 from orchestrator.audit.describe import details, headline
 from orchestrator.audit.summary import RunSummary
 from orchestrator.cli.term import clip, json_line, safe, table, when
+from orchestrator.errors import SavepointError
 
-__all__ = ["add_audit_verbs", "VERIFY_FAILED"]
+__all__ = ["add_audit_verbs", "VERIFY_FAILED", "whole_number"]
 
 VERIFY_FAILED = 3
 Verb = Callable[..., argparse.ArgumentParser]
+
+#: The largest integer a database stores or binds (signed 64-bit): the top of every count and seq flag.
+MAX_INT = 2**63 - 1
+
+
+def whole_number(low: int) -> Callable[[str], int]:
+    """An argparse ``type`` for a count or seq flag: an integer in ``low..2**63-1``. Outside it,
+    argparse reports a usage error (exit 2) naming the flag and the range, instead of the database
+    failing on a number it cannot bind, or reading -1 as "no limit"."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in {low}..2**63-1, got {text!r}") from None
+        if not low <= value <= MAX_INT:
+            raise argparse.ArgumentTypeError(f"must be in {low}..2**63-1 ({low}..{MAX_INT}), got {text}")
+        return value
+
+    return parse
 
 
 def _plain(value: Any) -> Any:
@@ -235,8 +264,19 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    with open_orchestrator(args, app=True) as orc:
-        run_id = orc.restore(args.file)
+    # Everything that can refuse the file is checked before the target is opened: opening a SQLite
+    # URL creates its file, and a refused restore must leave nothing behind, not an empty database.
+    from orchestrator.engine.savepoints import read_savepoint  # here: --help must stay light
+
+    key = signing_key()
+    point = read_savepoint(Path(args.file), key=key.encode() if key is not None else None)
+    workflows = app_workflows(args)
+    if not any(wf.name == point.run["workflow"] for wf in workflows):
+        known = ", ".join(sorted({wf.name for wf in workflows})) or "none"
+        raise SavepointError(f"savepoint {args.file!r} holds a run of workflow {point.run['workflow']!r}, which is "
+                             f"not registered here (registered: {known}); register it (--app) to restore the run")
+    with open_orchestrator(args, app=True) as orc:  # the app is imported once: the same workflows
+        run_id = orc.restore(args.file)  # the engine reads the file again: it checks what it writes
         rec = orc.get_run(run_id)
     if args.json:
         print(json_line({"run_id": run_id, "status": rec.status, "workflow": rec.workflow}))
@@ -252,10 +292,13 @@ def cmd_archive(args: argparse.Namespace) -> int:
     if older is None:
         raise UsageError("archive needs --older-than DURATION (e.g. 30d)")
     with open_reader(args) as orc:
+        created = _archive_folder(args.to)
         report = orc.archive(older_than=older, to=args.to)
     if args.json:
-        print(json_line(report))
+        print(json_line({**report, "created": created}))
         return 0
+    if created:
+        print(f"created directory {safe(args.to)}")
     for row in report["archived"]:
         print(f"archived run {safe(row['run_id'])} ({safe(row['workflow'])}, {row['status']}) to "
               f"{safe(row['path'])} ({row['bytes']:,} bytes)")
@@ -266,6 +309,28 @@ def cmd_archive(args: argparse.Namespace) -> int:
         done += f"; restore one with: {safe(follow_up(args, 'restore', report['archived'][0]['path']))}"
     print(done)
     return 0
+
+
+def _archive_folder(to: str) -> bool:
+    """Make ``--to DIR`` when nothing is there yet, its last part only (as ``mkdir DIR`` would): a
+    new directory under an existing one is what a person asks for, a mistyped parent is not. True
+    when it was made. A file there, or a parent that does not exist, is a one-line error."""
+    folder = Path(to)
+    if folder.is_dir():
+        return False
+    if folder.exists() or folder.is_symlink():
+        raise CommandError(f"archive: {to!r} is not a directory")
+    parent = folder.parent
+    if not parent.exists():
+        raise CommandError(f"archive: {to!r} does not exist, and neither does its parent {str(parent)!r} "
+                           "(archive makes only the last directory of --to)")
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        return False  # made meanwhile: archive checks it is a directory
+    except OSError as exc:
+        raise CommandError(f"archive: {to!r} does not exist and cannot be made: {exc.strerror or exc}") from None
+    return True
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
@@ -350,13 +415,14 @@ def add_audit_verbs(verb: Verb) -> None:
     """Register the audit verbs with ``cli.build_parser``'s ``verb(name, func, help)`` helper."""
     p = verb("show", cmd_show, "summarise a run: status, timings, steps, effects, snapshots")
     p.add_argument("run_id", metavar="RUN")
-    p.add_argument("--steps", type=int, default=50, metavar="N", help="list the last N step executions (default 50)")
+    p.add_argument("--steps", type=whole_number(0), default=50, metavar="N",
+                   help="list the last N step executions (default 50)")
     p.add_argument("--all", action="store_true", help="list every step execution")
 
     p = verb("history", cmd_history, "every event of a run in order (--json: JSON lines for an audit pipeline)")
     p.add_argument("run_id", metavar="RUN")
-    p.add_argument("--after", type=int, default=0, metavar="SEQ", help="only events after this seq")
-    p.add_argument("--until", type=int, default=None, metavar="SEQ", help="only events up to this seq")
+    p.add_argument("--after", type=whole_number(0), default=0, metavar="SEQ", help="only events after this seq")
+    p.add_argument("--until", type=whole_number(0), default=None, metavar="SEQ", help="only events up to this seq")
     p.add_argument("--full", action="store_true", help="do not cut long values; show tracebacks")
 
     p = verb("verify", cmd_verify, "re-fold the journal and check every snapshot against it (exit 3 if not)")
@@ -365,7 +431,8 @@ def add_audit_verbs(verb: Verb) -> None:
 
     p = verb("snapshots", cmd_snapshots, "a run's checkpoint catalog: trigger, seq, time, code, size, validity")
     p.add_argument("run_id", metavar="RUN")
-    p.add_argument("--quarantine", type=int, metavar="SEQ", help="set the snapshot at SEQ aside (recovery skips it)")
+    p.add_argument("--quarantine", type=whole_number(1), metavar="SEQ",
+                   help="set the snapshot at SEQ aside (recovery skips it)")
     p.add_argument("--reason", metavar="TEXT", help="why (with --quarantine)")
 
     p = verb("savepoint", cmd_savepoint, "write a run as a named, portable savepoint file (signed with "
@@ -380,7 +447,8 @@ def add_audit_verbs(verb: Verb) -> None:
 
     p = verb("archive", cmd_archive, "move finished runs older than a duration into savepoint files")
     p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 30d, 12h (finished that long ago)")
-    p.add_argument("--to", required=True, metavar="DIR", help="the directory the files are written to")
+    p.add_argument("--to", required=True, metavar="DIR",
+                   help="the directory the files are written to (made if missing; its parent must exist)")
 
     p = verb("retention", cmd_retention, "drop snapshots of finished runs past their workflow's finished_ttl")
     p.add_argument("--dry-run", action="store_true", help="only report what would be dropped")
@@ -400,7 +468,7 @@ def add_audit_verbs(verb: Verb) -> None:
     p.add_argument("--html", required=True, metavar="FILE", help="where to write the report")
 
     p = verb("gc", cmd_gc, "retention: prune snapshots and delete old finished runs (never unfinished ones)")
-    p.add_argument("--keep-snapshots", type=int, default=None, metavar="K",
+    p.add_argument("--keep-snapshots", type=whole_number(0), default=None, metavar="K",
                    help="keep only the newest K snapshots of each finished run")
     p.add_argument("--older-than", default=None, metavar="DURATION",
                    help="delete finished runs that ended longer ago than this; the unit is required: "

@@ -10,8 +10,9 @@ and exits 1; a run left waiting for a signal or timer exits 4 (``EXIT_CODES`` be
 Which code runs (invariant 11): verbs that drive runs (resume, recover, cancel, compensate,
 rollback, fork, worker) drive only workflows of the app named with ``--app``, ``AGENTSAGA_APP`` or
 the project config (``config.py``); ``run`` and ``enqueue`` take the workflow a person names
-(``module:attr``, ``file.py:attr``, or a workflow name of the app). A database row never names
-code to import. Reading verbs (runs, show, history, verify, report, stats, gc) import nothing.
+(``module:attr``, ``file.py:attr``, or a workflow name of the app). Compensations come the same
+way: the ``Compensations`` registries at the top level of those modules. A database row never
+names code to import. Reading verbs (runs, show, history, verify, report, stats, gc) import nothing.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def _exit_code(res: RunResult) -> int:
 
 # -- verbs ---------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    wf, others = resolve_target(args)
+    wf, others, registries = resolve_target(args)
     if args.input_file:
         try:
             with open(args.input_file, encoding="utf-8") as fh:
@@ -128,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         payload = parse_object(args.input, "--input") if args.input else {}
     # A workflow given as code is no app the next command finds by itself: its hints name it.
     code = None if any(wf is o for o in others) else args.target
-    with _orchestrator(args, [wf, *[o for o in others if o is not wf]]) as orc:
+    with _orchestrator(args, [wf, *[o for o in others if o is not wf]], compensations=registries) as orc:
         try:
             res = orc.run(wf, payload, run_id=args.run_id)
         except LeaseHeldError as held:  # the run id exists, and a live process drives that run
@@ -152,11 +153,14 @@ def cmd_recover(args: argparse.Namespace) -> int:
             raise UsageError("recover needs the workflows it may drive: name their module with --app MODULE, "
                              "AGENTSAGA_APP or app = \"...\" in agentsaga.toml")
         results = orc.recover(limit=args.limit)
+        # Nothing recovered: say which unfinished runs are still leased (a process killed a moment
+        # ago keeps its lease until it expires), or `runs` would list them running, unexplained.
+        nothing = None if results or args.json else _nothing_to_recover(args, orc)
     if args.json:
         for res in results:
             print(json_line(_result_json(res)))
-    elif not results:
-        print("no interrupted runs to recover")
+    elif nothing is not None:
+        print(nothing)
     else:
         print(table(["RUN", "WORKFLOW", "STATUS", "EVENTS", "ERROR"],
                     [[r.run_id, r.workflow, r.status, r.seq, r.error or ""] for r in results]))
@@ -165,6 +169,41 @@ def cmd_recover(args: argparse.Namespace) -> int:
         line = r.failure_line() if r.status in FAILED_STATUSES else f"run {r.run_id!r} not recovered: {r.error}"
         print(f"agentsaga: {safe(line)}", file=sys.stderr)
     return 1 if failed else 0  # runs that recovered and now wait for a signal or timer are fine
+
+
+def _nothing_to_recover(args: argparse.Namespace, orc: Any) -> str:
+    """What ``recover`` says when it recovered nothing: that there is nothing to recover, or how many
+    unfinished runs are still leased, until when the first lease runs, and what to do about them: a
+    live owner keeps its run, so wait for the lease (then ``recover``) or take the run over now
+    (``resume``); an owner known to be gone (a process of this machine that no longer exists, as
+    after a SIGKILL) is said to be gone."""
+    from orchestrator.engine.core import owner_is_dead  # the rule ``resume`` takes a run over by
+
+    now = orc.engine.config.clock()  # the clock recover claims by
+    leased = sorted((rec for rec in orc.store.list_runs(status=ACTIVE_STATUSES, limit=None)
+                     if rec.lease_owner and rec.lease_expires_at is not None and rec.lease_expires_at > now),
+                    key=lambda rec: (rec.lease_expires_at, rec.run_id))
+    if not leased:
+        return "no interrupted runs to recover"
+    one = len(leased) == 1
+    first = leased[0]
+    named = ", ".join(rec.run_id for rec in leased[:3]) + (", ..." if len(leased) > 3 else "")
+    # " until <UTC time> (in Ns)", worded as the engine words a held lease
+    until = LeaseHeldError("", owner=first.lease_owner, expires_at=first.lease_expires_at).until(now)
+    out = (f"no interrupted runs to recover now; 1 run ({named}) is still leased{until}" if one else
+           f"no interrupted runs to recover now; {len(leased)} runs ({named}) are still leased, the first{until}")
+    resume = follow_up(args, "resume", first.run_id if one else "RUN")
+    gone = [rec.run_id for rec in leased if owner_is_dead(rec.lease_owner)]
+    if one and gone:
+        out += (f": its owner {first.lease_owner!r} is no longer running on this machine; take the run over now "
+                f"with `{resume}`")
+    else:
+        out += (f": {'its owner' if one else 'their owners'} may be alive; run `{follow_up(args, 'recover')}` "
+                f"after that, or `{resume}` to take {'it' if one else 'one'} over now")
+        if gone:
+            out += (f" ({', '.join(gone[:3])}{', ...' if len(gone) > 3 else ''}: owner no longer running on this "
+                    "machine)")
+    return safe(out)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -254,12 +293,20 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 # -- parser --------------------------------------------------------------------------------------
+def _db_url(text: str) -> str:
+    """``--db``'s value: an empty one is a mistake (an unset variable in a script), not the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a database URL (sqlite:///agentsaga.db, postgresql://...), "
+                                         "or leave --db out for $AGENTSAGA_DB, else sqlite:///agentsaga.db")
+    return text
+
+
 def _global_options(*, at_verb: bool) -> argparse.ArgumentParser:
     """``--db`` and ``--debug``, accepted before the verb and after it. After it their defaults are
     SUPPRESS: a sub-parser writes its defaults over the namespace the main parser filled, so a
     default there would erase ``agentsaga --db URL VERB``'s URL."""
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--db", metavar="URL", default=argparse.SUPPRESS if at_verb else None,
+    options.add_argument("--db", metavar="URL", type=_db_url, default=argparse.SUPPRESS if at_verb else None,
                          help="database URL (default: $AGENTSAGA_DB, else sqlite:///agentsaga.db)")
     options.add_argument("--debug", action="store_true", default=argparse.SUPPRESS if at_verb else False,
                          help="show tracebacks on errors")
@@ -341,8 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workflow", help="filter by workflow name")
     p.add_argument("--since", metavar="TIME", help="created at or after (ISO 8601, UTC if no zone)")
     p.add_argument("--until", metavar="TIME", help="created before (ISO 8601)")
-    p.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
-    p.add_argument("--offset", type=int, default=0, help="skip the N newest matching runs (paging)")
+    from orchestrator.cli.audit import whole_number  # counts a database can bind: a usage error else
+    p.add_argument("--limit", type=whole_number(1), default=50, metavar="N", help="at most N runs (default 50)")
+    p.add_argument("--offset", type=whole_number(0), default=0, metavar="N",
+                   help="skip the N newest matching runs (paging)")
 
     add_audit_verbs(verb)
     from orchestrator.cli.ops import add_ops_verbs; add_ops_verbs(sub, verb)  # noqa: E702 worker, enqueue, stats, retry
@@ -366,6 +415,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = held_message(args, exc) if isinstance(exc, LeaseHeldError) and exc.owner else exc
         print(f"agentsaga: error: {safe(text)}", file=sys.stderr)
         return 1
+    except UnicodeEncodeError as exc:
+        # An argument holding bytes that are not UTF-8 (the shell passes them as lone surrogates):
+        # no database can store or look up such text.
+        if args.debug:
+            traceback.print_exc()
+        bad = exc.object[exc.start:exc.end] if isinstance(exc.object, str) else ""
+        print(f"agentsaga: error: an argument is not valid UTF-8 text (it holds {bad!a}); "
+              "run ids, names and data must be text", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("agentsaga: interrupted; the run can be resumed", file=sys.stderr)
         return 130

@@ -6,8 +6,9 @@ reading, ``ops.py`` for workers and queues) can all import it without importing 
 Two ways to open the engine, one per kind of verb:
 
 - ``open_orchestrator(args, app=True)`` for verbs that drive runs: the app (``--app``,
-  ``AGENTSAGA_APP`` or the project config, see ``config.py``) is imported and registered, and the
-  config's redaction settings apply;
+  ``AGENTSAGA_APP`` or the project config, see ``config.py``) is imported and its workflows
+  registered, its top-level ``Compensations`` registries (combined into one when there are several)
+  undo their effects, and the config's redaction settings apply;
 - ``open_reader(args)`` for verbs that only read: nothing is imported, and a SQLite file that does
   not exist is an error instead of a new empty database.
 """
@@ -23,21 +24,22 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+from compensations import CompensationDefinitionError, Compensations
 from orchestrator._orchestrator import Orchestrator
 from orchestrator.cli.config import ConfigError, ProjectConfig, app_source, load_config
 from orchestrator.cli.progress import Progress
-from orchestrator.engine.loader import load_app, load_target, split_spec
+from orchestrator.engine.loader import AppCode, load_app, load_app_code, load_registries, load_target, split_spec
 from orchestrator.errors import WorkflowNotFoundError
 from store import LeaseHeldError, default_url
 from workflows import Workflow
 
 __all__ = ["UsageError", "CommandError", "parse_time", "parse_json", "parse_duration", "parse_object",
            "open_orchestrator",
-           "open_reader", "add_progress_flag", "add_app_flag", "app_workflows", "project_config", "resolve_target",
-           "follow_up", "held_message"]
+           "open_reader", "add_progress_flag", "add_app_flag", "app_code", "app_workflows", "app_compensations",
+           "project_config", "resolve_target", "Target", "follow_up", "held_message"]
 
 
 class UsageError(Exception):
@@ -62,9 +64,16 @@ def parse_time(text: str | None) -> float | None:
 
 def parse_json(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return json.loads(text, parse_constant=_not_json)
+    except ValueError as exc:  # json.JSONDecodeError, or a constant JSON does not have
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{what} is nested too deeply to be read as JSON") from None
+
+
+def _not_json(constant: str) -> Any:
+    # Python's json reads NaN and Infinity, which JSON has not: the journal would refuse them later.
+    raise ValueError(f"{constant} is not a JSON value (JSON has no NaN or Infinity)")
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -110,35 +119,73 @@ def project_config(args: argparse.Namespace) -> ProjectConfig:
     return config
 
 
+def app_code(args: argparse.Namespace) -> AppCode:
+    """The workflows and compensation registries of the app named by ``--app`` (or positional app
+    specs), ``AGENTSAGA_APP`` or the project config; empty when none is named anywhere. Imported
+    once per command."""
+    code = getattr(args, "_app_code", None)
+    if code is not None:
+        return code
+    config = project_config(args)
+    source = app_source(getattr(args, "app", None), config)
+    code = AppCode()
+    for spec in source.specs if source is not None else ():
+        try:
+            code += load_app_code(spec, base=source.base)
+        except WorkflowNotFoundError as exc:
+            raise WorkflowNotFoundError(f"{exc} (app named by {source.origin})") from exc
+    args._app_code = code
+    args._app_origin = source.origin if source is not None else None
+    return code
+
+
 def app_workflows(args: argparse.Namespace) -> list[Workflow]:
     """The workflows of the app named by ``--app`` (or positional app specs), ``AGENTSAGA_APP`` or the
     project config; empty when none is named anywhere."""
-    config = project_config(args)
-    source = app_source(getattr(args, "app", None), config)
-    if source is None:
-        return []
-    found: list[Workflow] = []
-    for spec in source.specs:
-        try:
-            found += [wf for wf in load_app(spec, base=source.base) if not any(wf is f for f in found)]
-        except WorkflowNotFoundError as exc:
-            raise WorkflowNotFoundError(f"{exc} (app named by {source.origin})") from exc
-    return found
+    return list(app_code(args).workflows)
 
 
-def resolve_target(args: argparse.Namespace) -> tuple[Workflow, list[Workflow]]:
+def app_compensations(args: argparse.Namespace) -> Compensations | None:
+    """The app's top-level ``Compensations`` registries as one registry for the Orchestrator (None
+    when it has none); see ``_one_registry``."""
+    return _one_registry(args, app_code(args).compensations)
+
+
+def _one_registry(args: argparse.Namespace, registries: Sequence[Compensations]) -> Compensations | None:
+    """``registries`` as one (``AppCode.registry``): None, the only one, or all combined. One name
+    registered with two different functions is an error naming the name and both definitions (and
+    where the app was named, when one was)."""
+    try:
+        return AppCode(compensations=tuple(registries)).registry()
+    except CompensationDefinitionError as exc:
+        origin = getattr(args, "_app_origin", None)
+        raise CompensationDefinitionError(f"{exc} (app named by {origin})" if origin else str(exc)) from exc
+
+
+class Target(NamedTuple):
+    """What ``run`` / ``enqueue`` were told to start: the workflow, the app's other workflows to
+    register with it, and the compensation registries of the module the workflow was named in."""
+
+    workflow: Workflow
+    others: list[Workflow]
+    compensations: list[Compensations]
+
+
+def resolve_target(args: argparse.Namespace) -> Target:
     """The workflow ``run`` / ``enqueue`` were told to start, and the others to register with it.
 
     ``module:attr`` or ``file.py:attr`` is imported as named; a bare name is first looked up among
     the app's workflows (``--app``, ``AGENTSAGA_APP``, the project config), then imported as a
-    module or file that must define exactly one workflow."""
+    module or file that must define exactly one workflow. ``compensations``: the top-level registries
+    of the module the workflow was named in, and of the app when its workflows come along."""
     spec = args.target
     if split_spec(spec)[1] is not None:
-        return load_target(spec), []
+        return Target(load_target(spec), [], load_registries(spec))
     app = app_workflows(args)
+    app_registries = list(app_code(args).compensations)
     for wf in app:
         if wf.name == spec:
-            return wf, app
+            return Target(wf, app, app_registries)
     looks_like_code = spec.endswith(".py") or "/" in spec or "." in spec
     if not looks_like_code:
         known = ", ".join(sorted(repr(w.name) for w in app)) or "none: no app is named"
@@ -148,12 +195,13 @@ def resolve_target(args: argparse.Namespace) -> tuple[Workflow, list[Workflow]]:
     if len(found) != 1:
         names = ", ".join(repr(w.name) for w in found)
         raise UsageError(f"{spec!r} defines {len(found)} workflows ({names}); name one as '{spec}:attr'")
-    return found[0], app
+    return Target(found[0], app, [*load_registries(spec), *app_registries])
 
 
 def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *, app: bool = False,
-                      existing: bool = False) -> Orchestrator:
-    """The Orchestrator a verb that writes works with: ``workflows`` plus, with ``app``, the app's;
+                      existing: bool = False, compensations: Sequence[Compensations] = ()) -> Orchestrator:
+    """The Orchestrator a verb that writes works with: ``workflows`` and ``compensations`` (registries)
+    plus, with ``app``, the app's workflows and top-level registries (combined into one registry);
     the project config's redaction; progress lines on when asked or when stderr is a terminal.
     ``existing``: the verb works on a run that must already exist (resume, signal, cancel, ...), so
     a SQLite file that does not exist is an error naming it, not a new empty database."""
@@ -161,10 +209,13 @@ def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *
     if existing:
         _require_database(args)
     registered = list(workflows)
+    registries = list(compensations)
     if app:
         registered += [wf for wf in app_workflows(args) if not any(wf is w for w in registered)]
+        registries += app_code(args).compensations
+    registry = _one_registry(args, registries)
     progress = getattr(args, "progress", False) or (hasattr(args, "progress") and sys.stderr.isatty())
-    return Orchestrator(args.db, workflows=registered, redact=config.redact_patterns,
+    return Orchestrator(args.db, workflows=registered, compensations=registry, redact=config.redact_patterns,
                         redact_fields=config.redact_fields, observers=[Progress(sys.stderr)] if progress else (),
                         signing_key=signing_key())
 
@@ -175,9 +226,13 @@ def signing_key() -> str | None:
 
 
 def open_reader(args: argparse.Namespace) -> Orchestrator:
-    """The Orchestrator a reading verb works with: no workflow, no app imported (invariant 11)."""
-    _require_database(args)
-    return Orchestrator(args.db, signing_key=signing_key())
+    """The Orchestrator a reading verb works with: no workflow and no app imported (invariant 11),
+    and a store opened with ``create=False`` (invariant 10): the database must already be an
+    agentsaga database at this schema version, and nothing in it is created, migrated or stamped.
+    Another application's database, an empty file, a new Postgres schema or an in-memory URL is
+    refused naming the database; so is one that needs a migration (a driving verb makes it)."""
+    _require_database(args)  # a missing SQLite file: the same message as every other verb's
+    return Orchestrator(args.db, store_options={"create": False}, signing_key=signing_key())
 
 
 def _require_database(args: argparse.Namespace) -> None:
@@ -251,7 +306,8 @@ def _without_password(url: str) -> str:
 def add_app_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app", action="append", metavar="MODULE",
                         help="import this module (or file.py, or either with :attr) and drive runs of the workflows "
-                             "it defines (repeat for several; default: $AGENTSAGA_APP, else app in agentsaga.toml)")
+                             "it defines, undoing effects with its top-level Compensations registries (repeat for "
+                             "several; default: $AGENTSAGA_APP, else app in agentsaga.toml)")
 
 
 def add_progress_flag(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,8 @@
 
 ``worker`` drives runs of the workflows of the app it is given: positional modules or files
 (``mypkg.agents``, ``flows.py``, either with ``:attr``), ``--app``, else ``AGENTSAGA_APP``, else
-the project config (``config.py``). A run of any other workflow is left for a worker that has it;
+the project config (``config.py``); the ``Compensations`` registries at the top level of the app's
+modules undo their effects. A run of any other workflow is left for a worker that has it;
 a worker is never told by the database what to import (invariant 11). It runs until SIGTERM or
 SIGINT, then stops claiming, lets in-flight runs finish for ``--drain`` seconds, hands the rest back
 and exits 0. Bad settings (a limit of 0, a malformed rate, an unknown option, no app anywhere) are
@@ -27,6 +28,7 @@ from typing import Any
 from orchestrator.cli.common import (
     UsageError,
     add_app_flag,
+    app_compensations,
     app_workflows,
     open_orchestrator,
     open_reader,
@@ -76,11 +78,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise UsageError("a worker needs the workflows it may drive: name their module (agentsaga worker "
                          "mypkg.agents), or set AGENTSAGA_APP, or app = \"...\" in agentsaga.toml")
     config = project_config(args)
+    compensations = app_compensations(args)
     try:
-        worker = Worker(args.db, workflows, concurrency=args.concurrency, queues=args.queue or None,
-                        lease_ttl=args.lease_ttl, heartbeat=args.heartbeat, poll=args.poll, limits=limits,
-                        max_failures=args.max_failures, drain=args.drain, tracing=args.otel,
-                        redact=config.redact_patterns, redact_fields=config.redact_fields)
+        worker = Worker(args.db, workflows, compensations=compensations, concurrency=args.concurrency,
+                        queues=args.queue or None, lease_ttl=args.lease_ttl, heartbeat=args.heartbeat,
+                        poll=args.poll, limits=limits, max_failures=args.max_failures, drain=args.drain,
+                        tracing=args.otel, redact=config.redact_patterns, redact_fields=config.redact_fields)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
     worker.run()
@@ -88,7 +91,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    wf, _ = resolve_target(args)
+    wf = resolve_target(args).workflow  # only queued here: the worker that drives the run brings its code
     payload = parse_object(args.input, "--input") if args.input else {}
     with open_orchestrator(args, [wf]) as orc:
         try:

@@ -189,3 +189,39 @@ def test_recover_prints_each_failed_run_on_stderr_and_exits_1(sqlite_url):
     assert "rec-ok" in done.stdout and "rec-bad" in done.stdout
     assert done.stderr.splitlines() == ["agentsaga: run 'rec-bad' ended compensated at step 'confirm': "
                                         "PermissionError: card declined by the bank"]
+
+
+@pytest.mark.parametrize("value, needle", [
+    ('{"a": NaN}', "NaN is not a JSON value"),
+    ('{"a": -Infinity}', "-Infinity is not a JSON value"),
+    ('{"x": ' + "[" * 5000 + "]" * 5000 + "}", "nested too deeply"),
+])
+def test_input_json_has_no_nan_and_no_bottomless_nesting(sqlite_url, value, needle):
+    # When a run is started with an input Python's json would read but JSON (or the journal) cannot hold
+    done = agentsaga("run", AUDITFLOW, "--input", value, "--run-id", "x1", db=sqlite_url)
+    # Then it is a usage error like any bad JSON, and nothing is started
+    assert done.returncode == 2
+    assert_one_line_error(done, "--input is not valid JSON" if "nested" not in needle else "--input", needle)
+    with Orchestrator(sqlite_url) as orc:
+        assert orc.list_runs() == []
+
+
+def test_an_argument_that_is_not_utf8_is_a_usage_error(sqlite_url):
+    # Given a database with a run, and a run id given as bytes that are not UTF-8 (as a shell passes them)
+    assert agentsaga("run", AUDITFLOW, "--input", "{}", "--run-id", "ok", db=sqlite_url).returncode == 0
+    # When a verb looks it up
+    done = agentsaga("show", "bad\udcff", db=sqlite_url)
+    # Then one line says so, exit 2
+    assert done.returncode == 2
+    assert_one_line_error(done, "an argument is not valid UTF-8 text", "'\\udcff'")
+
+
+def test_an_app_that_exits_on_import_is_named(sqlite_url, tmp_path):
+    # Given an app file that runs a program (and exits) when imported
+    app = tmp_path / "script.py"
+    app.write_text("import sys\nsys.exit(3)\n")
+    # When a driving verb imports it
+    done = agentsaga("recover", "--app", str(app), db=sqlite_url)
+    # Then it is an error naming the file and the exit, not a silent exit 3
+    assert done.returncode == 1
+    assert_one_line_error(done, "importing it called sys.exit(3)", "__main__")
