@@ -107,7 +107,6 @@ class StepRunner:
             # A backoff journaled before a crash (a server's Retry-After included) still holds.
             await self.sleep(due - self.clock())
         execution = _Execution(self, run, name, tick, prior, key, input_ref, failure, compensable, offload)
-        started_at = time.perf_counter()
         try:
             result = await attempts(execution.attempt_once, step.retry, prior=prior, rng=self.rng, sleep=self.sleep,
                                     on_retry=execution.journal_retry)
@@ -125,7 +124,9 @@ class StepRunner:
             self.fail(run, name, execution.attempt, exc, ctx=execution.ctx)
             return
         attempt = execution.attempt
-        ms = round((time.perf_counter() - started_at) * 1000, 3)
+        # The attempt that completed, from its start: earlier attempts and backoff waits are their
+        # StepFailed events' (a step's latency is the same whether or not a crash came between).
+        ms = round((time.perf_counter() - execution.started) * 1000, 3)
         ctx = execution.ctx
         try:
             update = wf.normalise_update(name, result)
@@ -317,7 +318,7 @@ class _Execution:
     every object a waiting step holds is one more for the garbage collector to walk."""
 
     __slots__ = ("runner", "run", "name", "step", "tick", "prior", "key", "input_ref", "failure", "compensable",
-                 "offload", "attempt", "ctx")
+                 "offload", "attempt", "ctx", "started")
 
     def __init__(self, runner: StepRunner, run: ActiveRun, name: str, tick: int, prior: int, key: str,
                  input_ref: dict[str, Any], failure: dict[str, Any] | None, compensable: bool, offload: bool) -> None:
@@ -327,6 +328,8 @@ class _Execution:
         self.attempt = prior
         #: the context of the latest attempt (its traces and tool calls go into the step's event)
         self.ctx: StepContext | None = None
+        #: when the latest attempt started (perf_counter)
+        self.started = time.perf_counter()
 
     async def attempt_once(self) -> Any:
         runner, run, name, step = self.runner, self.run, self.name, self.step
@@ -336,6 +339,7 @@ class _Execution:
                 raise _Settled
         self.attempt += 1
         this = self.attempt
+        self.started = time.perf_counter()
         if step.journals_start:
             # Intent before effect, for every attempt (invariant 4): a crash during a retry finds
             # this attempt in flight and reconciles it; it is never re-sent blindly.

@@ -450,3 +450,29 @@ def test_a_straight_line_workflow_needs_no_start_flag_and_no_edges(orc_factory):
     # Then the steps ran in the order declared and the string became the answer
     assert result.status == "completed"
     assert result.state["answer"] == "a! / b!"
+
+
+def test_a_steps_ms_is_the_attempt_that_completed_not_its_backoff(orc_factory, fake_time, monkeypatch):
+    # Given a step that fails once, then waits out a 30 s backoff, then takes 2 s, on one clock
+    import orchestrator.engine.steps as steps_module
+
+    monkeypatch.setattr(steps_module.time, "perf_counter", fake_time.clock)
+    wf = Workflow("timed")
+    calls: list[int] = []
+
+    @wf.step(retry=Retry(attempts=2, initial=30, jitter=False))
+    def slow(ctx, state):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("try again")
+        fake_time.advance(2)
+        return {}
+
+    orc = orc_factory(wf)
+    # When it completes
+    assert orc.run(wf, {}, run_id="t1").status == "completed"
+    # Then its completion says 2 s: the first attempt and the backoff are the StepFailed's
+    [done] = [e for e in orc.history("t1") if e["kind"] == "StepCompleted"]
+    [failed] = [e for e in orc.history("t1") if e["kind"] == "StepFailed"]
+    assert done["data"]["ms"] == 2000.0
+    assert failed["data"]["retry_in"] == 30
