@@ -16,10 +16,18 @@ What is journaled:
   source hash). The base URL and the API key are not part of it: the key never reaches the journal,
   and a cassette recorded against one endpoint replays against any.
 * response: ``{"body", "finish_reason", "usage", "ms", "retries", "failures"?, "size", "truncated",
-  "provider"}``: ``body`` is the provider's JSON; when it is bigger than ``max_response_bytes`` its
-  longest strings are cut, each ending in ``…[truncated: N chars]``, ``truncated`` is true and
-  ``size`` is the full size in bytes. The step sees what the journal holds, on the first run as on
-  a resumed one, so behaviour does not depend on whether the answer was replayed.
+  "provider"}``: ``body`` is the provider's JSON; when it is bigger than ``max_response_bytes`` it
+  is redacted (the journal's rules) and then its longest strings are cut, each ending in
+  ``…[truncated: N chars]``, ``truncated`` is true and ``size`` is the full size in bytes. The step
+  sees what the journal holds, on the first run as on a resumed one, so behaviour does not depend
+  on whether the answer was replayed.
+
+The key is not journaled or raised even when the provider echoes it, in an error ("Incorrect API
+key provided: KEY") or in a reply: what this client sends in its ``Authorization`` header (and any
+sensitive header of ``headers=``) is replaced (by the Redactor's ``[REDACTED]``) in the response it
+journals and in every error it raises. On the hot path that costs one bytes search per form of
+the key in the body; only a body holding one (or a JSON ``u`` or ``/`` escape, which could spell
+one) is rebuilt. A 2xx that is not a chat completion is quoted in its error redacted, then cut.
 
 Retries happen inside the call (a plain loop, the sleep injectable: building a tenacity retrier
 cost more per call than the rest of the client's own work): connect errors, timeouts, 429 and
@@ -56,7 +64,7 @@ from typing import Any
 import httpx
 
 from compensations import BreakerConfig
-from orchestrator.payload.truncate import bound_json
+from orchestrator.payload.truncate import bound_json, json_size
 from orchestrator.tools.breakers import StoreBreakers
 from orchestrator.tools.clients import LoopClients, client_options
 from orchestrator.tools.http import AsyncHttpTool, HttpTool
@@ -186,6 +194,14 @@ class _Base:
         self._breakers = breakers
         self._headers = dict(headers or {})
         self._rng = rng or random.Random()
+        # What this client sends that must never come back in what it journals or raises: the API
+        # key (alone and as "Bearer KEY"), sensitive headers of its own. A provider echoes them
+        # ("Incorrect API key provided: KEY") in a form no redaction rule knows.
+        self._secrets = Redactor().credentials(self._http_headers())
+        # ... and how each may appear in a raw JSON body (as it is, or escaped as JSON escapes it)
+        self._secret_bytes = tuple({form.encode() for secret in self._secrets
+                                    for form in (secret, json.dumps(secret)[1:-1],
+                                                 json.dumps(secret, ensure_ascii=False)[1:-1])})
 
     def __repr__(self) -> str:  # never the key
         return f"<{type(self).__name__} {self.model!r} at {self.base_url}>"
@@ -233,7 +249,7 @@ class _Base:
         """HttpTool options for a sync call: the breaker hooks (the step's store-backed breakers) and redactor."""
         step_tools = _step_tools(ctx)
         options: dict[str, Any] = {"redactor": step_tools.redactor if step_tools else Redactor(),
-                                   "breaker_name": self._breaker_name() or "llm"}
+                                   "breaker_name": self._breaker_name() or "llm", "secrets": self._secrets}
         breaker = self._breaker_parts(step_tools)
         if breaker is not None:
             breakers, config_for, on_transition = breaker
@@ -275,29 +291,43 @@ class _Base:
         if isinstance(error, PermanentToolError) and error.status in (401, 403):
             return PermanentToolError(
                 f"LLM provider {self.provider} refused the request ({error.status}): check OPENAI_API_KEY or "
-                f"LLM(api_key=...); not retried. {error}", tool=error.tool, status=error.status)
+                f"the api_key given to LLM; not retried. {error}", tool=error.tool, status=error.status)
         if isinstance(error, RetryableToolError):
             return RetryableToolError(f"LLM call to {self.provider} failed after {attempts} attempt(s): {error}",
                                       tool=error.tool, status=error.status, retry_after=error.retry_after)
         return error
 
-    def _shape(self, response: httpx.Response, failures: list[dict[str, Any]], ms: float) -> dict[str, Any]:
-        """The journaled response; refuses a 2xx that is not a chat completion."""
+    def _shape(self, response: Any, failures: list[dict[str, Any]], ms: float, redactor: Redactor) -> dict[str, Any]:
+        """The journaled response; refuses a 2xx that is not a chat completion. ``redactor``: the
+        call's (the journal's rules), for what is cut here before the journal sees it."""
         content = response.content
         try:
             body = json.loads(content)
         except ValueError:
             body = None
+        # A secret this client sent, echoed back (one bytes search per form on the hot path; \u or
+        # \/ escapes could spell one in any form, so a body holding them is searched when parsed).
+        echoed = bool(self._secret_bytes) and (any(form in content for form in self._secret_bytes)
+                                               or b"\\u" in content or b"\\/" in content)
+        if echoed and body is not None:
+            body = redactor.scrub(body, self._secrets)
         choices = body.get("choices") if isinstance(body, dict) else None
         if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)
                 and isinstance(choices[0].get("message"), dict)):
-            snippet = content[:_SNIPPET].decode("utf-8", errors="replace")
+            # Scrubbed and redacted before it is cut: a cut could leave a secret short of its pattern.
+            text = content.decode("utf-8", errors="replace")
+            if echoed:
+                text = redactor.scrub(text, self._secrets)
+            snippet = redactor.body(text)[:_SNIPPET]
             raise PermanentToolError(f"LLM provider {self.provider} answered {response.status_code} with something "
                                      f"that is not a chat completion: {snippet!r}", tool=self._breaker_name())
         if len(content) * _MAX_GROWTH <= self.max_response_bytes:
             bounded, truncated = body, False  # fits: no need to encode it again to measure it
         else:
-            bounded, truncated = bound_json(body, self.max_response_bytes)
+            # Too big: redacted with the journal's rules before its longest strings are cut, for
+            # the same reason (a key cut to "sk-ABC…[truncated]" no longer matches its pattern).
+            bounded = redactor.json(body) if json_size(body) > self.max_response_bytes else body
+            bounded, truncated = bound_json(bounded, self.max_response_bytes)
         shaped: dict[str, Any] = {
             "body": bounded, "finish_reason": choices[0].get("finish_reason"), "usage": body.get("usage"),
             "ms": round(ms, 2), "retries": len(failures), "size": len(content), "truncated": truncated,
@@ -366,7 +396,7 @@ class LLM(_Base):
             except RetryableToolError as exc:
                 failures.append(self._failure(exc, started))
                 raise
-            return self._shape(response, failures, (time.perf_counter() - started) * 1000)
+            return self._shape(response, failures, (time.perf_counter() - started) * 1000, tool.redactor)
 
         try:
             while True:
@@ -427,7 +457,7 @@ class AsyncLLM(_Base):
             content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         else:  # through the client: a proxy from the environment applies
             tool = AsyncHttpTool(client=client, redactor=step_tools.redactor if step_tools else Redactor(),
-                                 breaker_name=self._breaker_name() or "llm",
+                                 breaker_name=self._breaker_name() or "llm", secrets=self._secrets,
                                  breaker=(gate.before, gate.after) if gate is not None else None)
             headers = self._http_headers()
         # One loop, no closures: the call is held while it is out, and so is all it made.
@@ -450,7 +480,7 @@ class AsyncLLM(_Base):
                     failures[-1]["waited"] = round(wait, 3)
                     await self._sleep(wait)
                     continue
-                return self._shape(response, failures, (time.perf_counter() - started) * 1000)
+                return self._shape(response, failures, (time.perf_counter() - started) * 1000, tool.redactor)
         except (RetryableToolError, PermanentToolError) as exc:
             raise self._explain(exc, attempts) from None
 
@@ -465,7 +495,7 @@ class AsyncLLM(_Base):
                 if tool is None:
                     tool = self._direct[key] = AsyncHttpTool(
                         client=client, redactor=step_tools.redactor if step_tools else Redactor(),
-                        breaker_name=self._breaker_name() or "llm")
+                        breaker_name=self._breaker_name() or "llm", secrets=self._secrets)
         return tool
 
 

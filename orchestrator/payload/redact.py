@@ -27,12 +27,20 @@ Everything else with "token" in its name is ordinary state and stays readable: `
 ``completion_tokens``, ``tokenizer``, ``access_token_expires_in``. Query parameters also count
 ``key``, ``sig`` and ``signature`` (``?key=`` is how many APIs take their key; a signed URL's
 signature is a credential), and headers any name ending in ``-Key``, ``-Token`` or ``-Secret``
-(``X-Functions-Key``, ``Ocp-Apim-Subscription-Key``) but ``Idempotency-Key``, which is ours.
+(``X-Functions-Key``, ``Ocp-Apim-Subscription-Key``) but ``Idempotency-Key``, which is ours. So
+is a field or parameter whose name is written as a header's (``X-...`` or ``Title-Case-Words``: a
+dict of headers a step returns, ``{"X-Functions-Key": ...}``); ``sort_key``, ``cache-key`` or
+``next_token`` stay ordinary. A query parameter's name is judged percent-decoded
+(``?api%5Fkey=`` is ``api_key``).
 
 In free text (an exception message, a traceback, a log line a step returned) a sensitive name
-followed by ``=`` or ``:`` loses its value too: ``password=hunter2``, ``'api_key': 'abc'`` and
-``client_secret: xyz`` keep their name and lose the rest (the bare word ``token`` is left out
-here: "token: 5 used" is prose).
+followed by ``=`` or ``:`` loses its value too, and keeps its name (the bare word ``token`` is left
+out here: "token: 5 used" is prose; so is "the password field is required", where no separator
+follows the name). What the value is: a quoted value, to its closing quote (``password: 'two
+words'``, ``'api_key': 'abc'``); after ``Authorization``, ``Cookie`` and the like (a header's line),
+the rest of the line, spaces, commas and semicolons included (``Authorization: Token abc``,
+``Authorization: Digest ..., response="..."``, ``Cookie: a=1; session=...``); otherwise one word
+(``password=hunter2``, ``client_secret: xyz``).
 
 **By value**, anywhere in any string (field values, header values, URLs, bodies, error messages,
 tracebacks, model output): ``DEFAULT_PATTERNS`` below (``Bearer`` and ``Basic`` credentials, OpenAI
@@ -43,24 +51,41 @@ parameter in any URL (``?api_key=[REDACTED]``), and the user's own patterns
 (``Redactor(patterns=[...])``, ``Orchestrator(redact=[...])``). A ``Basic`` credential is redacted
 only when it decodes to ``user:password``, so "Basic settings" stays.
 
+Every rule, the user's patterns included, applies to each string by itself (a field's value, a
+key, a line of a traceback): ``^\\d{3}-\\d{2}-\\d{4}$`` redacts a value that is exactly an SSN.
+
 JSON nested inside a string (an LLM tool call's ``arguments``, an echoed request body) is parsed
-and redacted by field too. Bodies are redacted *before* they are truncated for the journal;
-truncating first could cut a secret short of its pattern and let its prefix through.
+and redacted by field too, and so is JSON encoded twice (a string holding a JSON string literal,
+``json.dumps(json.dumps({...}))``). Bodies are redacted *before* they are truncated for the
+journal; truncating first could cut a secret short of its pattern and let its prefix through.
+
+**What was sent, echoed back.** A server may quote a credential it was sent ("Incorrect API key
+provided: KEY") in a form no rule knows. ``Redactor.credentials(headers)`` lists the secret values
+a request's headers carry (a sensitive header's value, without its scheme too, a ``Basic``
+password, each cookie's value; from ``MIN_SCRUB`` characters) and ``Redactor.scrub`` replaces them
+exactly: the HTTP tool and the model client scrub what they journal and the errors they raise
+(``orchestrator.tools.http``, ``orchestrator.agents.llm``).
 
 **The pre-filter.** Every event passes here, so ``JournalRedactor`` first asks two cheap regexes
-(``Redactor.may_hold_secret``) whether the text could hold a secret at all. A text it flags is
-not parsed whole: the JSON strings the hints point at are redacted where they stand
-(``JournalRedactor._in_place``; a sensitive key's whole value is replaced) and the rest of the text
-is kept as it is. With a user's own patterns (which may match across strings) a flagged text is
-parsed and redacted whole; a property test holds the in-place path to give exactly that text. The pre-filter is a superset of the rules
-above built from the same word lists (a property test holds it to that), and it does not fire on
-ordinary words: ``"token_count"``, ``"max_tokens"`` or a trace saying "token" cost nothing extra.
-A custom pattern is searched as given.
+whether the text could hold a secret at all. A text it flags is not parsed whole: the JSON strings
+the hints point at are redacted where they stand (``JournalRedactor._in_place``; a sensitive key's
+whole value is replaced) and the rest of the text is kept as it is; a property test holds the
+in-place path to give exactly the text of the whole-document pass. The pre-filter is a superset of
+the rules above built from the same word lists (a property test holds it to that, JSON escapes
+and JSON-in-a-string at any depth included), and it does not fire on ordinary words:
+``"token_count"``, ``"max_tokens"`` or a trace saying "token" cost nothing extra.
 
-Measured per event (``min`` of repeats, this machine): a 150-byte ``StepCompleted`` 2.7 us (the
-old one-word filter: 1.2 us); a model call whose request says ``max_tokens`` and whose usage says
-``prompt_tokens``, 1.1 KB, 10 us (was 97 us: the old filter fired on "token" and paid the full
-pass); 3 KB of prose 36 us (was 42 us); a 1 KB event holding a password 24 us (was 80 us).
+The user's own patterns point at strings too (``Redactor._pattern_hints``), exactly: a pattern
+that, without its anchors, word boundaries and lookarounds, cannot match a character JSON escapes
+is searched over the document that way (and from its first literal: one fast regex pass);
+another (``.``, ``\\s``, ``[^...]``, a quote) is searched in each string, decoded.
+
+Measured per event (``min`` of CPU-time repeats, on a machine shared with other work): a
+150-byte ``StepCompleted`` 2.2 us; a model call whose request says ``max_tokens`` and whose usage
+says ``prompt_tokens``, 1.1 KB, 15 us (20 KB: 235 us; the whole-document pass costs 160 us and
+1.4 ms); 3 KB of prose 39 us; a 1 KB event holding a password 35 us. With the user's pattern
+``^\\d{3}-\\d{2}-\\d{4}$``: 16 us and 241 us (1.1 KB, 20 KB); with ``PIN:\\s\\d+``, searched per
+string: 41 us and 472 us.
 """
 
 from __future__ import annotations
@@ -70,8 +95,9 @@ import binascii
 import json
 import re
 from collections.abc import Iterable, Mapping
+from json.decoder import scanstring
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 __all__ = ["Redactor", "JournalRedactor", "REDACTED", "DEFAULT_PATTERNS"]
 
@@ -96,10 +122,16 @@ _SENSITIVE_QUERY = re.compile(r"^(?:key|sig|signature)$|_signature$")
 _HEADERS = frozenset({"authorization", "proxy_authorization", "cookie", "set_cookie", "x_api_key", "api_key"})
 _SENSITIVE_HEADER = re.compile(r"_(?:key|token|secret)$")
 _NOT_SECRET_HEADERS = frozenset({"idempotency_key"})
+#: a name written the way HTTP headers are (``X-Functions-Key``, ``x-goog-api-key``,
+#: ``Ocp-Apim-Subscription-Key``): judged by the header rule wherever it is (a JSON field too)
+_HEADER_STYLE = re.compile(r"[Xx](?:-[A-Za-z0-9]+)+|[A-Z][A-Za-z0-9]*(?:-[A-Z][A-Za-z0-9]*)+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SEPARATORS = re.compile(r"[^A-Za-z0-9]+")
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # one string token of a JSON text
+#: a credential a request sends is scrubbed from what comes back only from this many characters
+#: (replacing a shorter value everywhere would cut ordinary words)
+MIN_SCRUB = 6
 _DECODER = json.JSONDecoder()
 _NESTED_JSON_LIMIT = 1 << 20  # bytes of a JSON-looking string worth parsing to redact its fields
 
@@ -140,7 +172,7 @@ _RULES = (
     _word("B", "asic" + _BASIC_VALUE.format("basic1")), _word("b", "asic" + _BASIC_VALUE.format("basic2")),
     _word("B", "ASIC" + _BASIC_VALUE.format("basic3")),
     r"://(?P<ui_user>[^\s/?#@:\"'<>\\]*):(?P<ui_pw>[^\s/?#@\"'<>\\]+)@",
-    *(f"{re.escape(c)}(?P<q{i}n>[A-Za-z0-9_.\\-\\[\\]]{{1,64}})=(?P<q{i}v>[^&#\\s\"'<>\\\\]+)"
+    *(f"{re.escape(c)}(?P<q{i}n>[A-Za-z0-9_.%\\-\\[\\]]{{1,64}})=(?P<q{i}v>[^&#\\s\"'<>\\\\]+)"
       for i, c in enumerate("?&;")),
 )
 _DEFAULT_TEXT = re.compile("|".join([*DEFAULT_PATTERNS, *_RULES]))
@@ -153,8 +185,15 @@ _QUERY_GROUPS = {"q0v": "q0n", "q1v": "q1n", "q2v": "q2n"}
 _PAIR_WORDS = ("passw", "passphrase", "secret", "authori[sz]ation", "cookie", "credential", r"api[_-]?key", "apikey",
                r"private[_-]?key", r"access[_-]?key", *(kind + r"[_-]?token" for kind in _TOKEN_KINDS))
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
-_PAIR_SEP = re.compile(r"['\"]?[ \t]*[:=][ \t]*['\"]?")
+_PAIR_SEP = re.compile(r"['\"]?[ \t]*[:=][ \t]*(['\"]?)")  # (group 1: the value's opening quote)
+#: an unquoted value: one word
 _PAIR_VALUE = re.compile(r"[^\s'\"&,;{}\[\]()<>\\]+")
+#: a quoted value: to its closing quote (a backslash escapes one), else to the end of its line
+_QUOTED_VALUE = {q: re.compile(rf"(?:[^{q}\\\r\n]|\\.)*") for q in "'\""}
+#: names whose value is a whole header line, spaces, commas and semicolons included
+#: (``Authorization: Token abc``, ``Authorization: Digest ..., response="..."``, ``Cookie: a=1; sid=...``)
+_LINE_NAME = re.compile(r"(?:^|_)(?:authorization|cookies?)$")
+_LINE_VALUE = re.compile(r"[^\r\n]*")
 
 
 # The pre-filter: a superset of every rule above, in two small regexes. Names, and the schemes
@@ -165,6 +204,14 @@ _PAIR_VALUE = re.compile(r"[^\s'\"&,;{}\[\]()<>\\]+")
 # one-word filter's cost with five times the rules. "token" is only a hint where it is a field
 # named exactly token, or a credential kind's token ending a name: "token_count", "max_tokens"
 # and a trace that says "token" cost nothing.
+#
+# The text searched is JSON, and strings inside it may be JSON again (a tool call's arguments, a
+# body encoded twice), each level escaping the one inside it: a quote is \" or \\\" and so on, a
+# newline \n or \\n. The hints that span such characters allow any number of backslashes
+# (``_ESCAPED_SPACE``, ``\\*"``), and any \u escape or escaped slash (``\\u``, ``\\/``; JSON may
+# write any character so, "p\u0061ssword" is "password" to a parser) is a hint by itself: the
+# string that holds it is redacted as the full pass would, never skipped.
+_ESCAPED_SPACE = r"(?:\s|\\+[nrtf])"  # whitespace, or its escape at any depth of JSON-in-a-string
 _KIND_TOKEN = "|".join(f"(?<={k}token)|(?<={k}_token)|(?<={k}-token)" for k in _TOKEN_KINDS)
 _NAME_HINT = re.compile("|".join([
     r"w(?<=passw)",
@@ -176,11 +223,14 @@ _NAME_HINT = re.compile("|".join([
         *(f"(?<={w}k)ey" for w in ("api_", "api-", "api", "private_", "private-", "private", "access_", "access-",
                                    "access")),
         r"(?<=[?&;]k)ey=",
-        r"(?<=tok)en(?:(?<=[\"?&;]token)(?=\\?\"\s*:|=)|(?![a-z0-9_-])(?:" + _KIND_TOKEN + "))",
+        r'(?<=-k)ey(?<!idempotency-key)(?=\\*")',  # a field named as a header: X-Functions-Key
+        r"(?<=tok)en(?:(?<=[\"?&;]token)(?=\\*\"" + _ESCAPED_SPACE + r"*:|=)|(?<=-token)(?=\\*\")"
+        r"|(?![a-z0-9_-])(?:" + _KIND_TOKEN + "))",
     ]) + ")",
     "g(?:" + "|".join([r"(?<=[?&;]sig)(?:=|nature=)", r"(?<=[_-]sig)nature="]) + ")",
-    r"b(?:earer|asic)(?:\s|\\[nrt])",  # (in JSON text a tab or newline is an escape)
+    r"b(?:earer|asic)" + _ESCAPED_SPACE,
     r"/(?<=:/)/[^\s/\"@]*@",
+    r"%[0-9a-f]{2}[a-z0-9_.%\-\[\]]{0,62}=",  # a percent-encoded query name: ?api%5Fkey=
 ]))
 _FORMAT_HINT = re.compile("|".join([
     "k(?:" + "|".join([r"(?<=sk)-[A-Za-z0-9_-]{20}", r"(?<=[rs]k)_(?:live|test)_"]) + ")",
@@ -191,9 +241,121 @@ _FORMAT_HINT = re.compile("|".join([
     r"xox[abposr]-",
     "J" + r"(?<=eyJ)[A-Za-z0-9_-]{8,}\.",
     "G" + r"(?<=-----BEG)IN ",
+    r"\\[u/]",  # an escape that may stand for any character (see above)
 ]))
 #: "Basic" is an ordinary word too: a hint only when base64 with a case change, digit or padding follows
-_BASIC_HINT = re.compile(r"(?i:basic)(?:\s|\\[nrt])+[A-Za-z0-9+/]*(?:[a-z0-9+/][A-Z0-9+/=]|=)")
+_BASIC_HINT = re.compile(r"(?i:basic)" + _ESCAPED_SPACE + r"+[A-Za-z0-9+/]*(?:[a-z0-9+/][A-Z0-9+/=]|=)")
+
+
+# -- the user's own patterns in a JSON document -------------------------------------------------------
+# A user's pattern is applied to each string by itself (``Redactor.text``), so "^\d{3}-\d{2}-\d{4}$"
+# redacts a value that is exactly an SSN. Searched over a whole JSON document it would not even find
+# one: there ^ and $ stand at the document's ends, a string's newline is the two characters \n, and
+# so on. The journal therefore asks, per pattern, one of two exact questions:
+#
+# * a *screen* (``_document_screen``): the pattern without its zero-width assertions (anchors, word
+#   boundaries, lookarounds), which only drops conditions, searched over the whole document. Exact
+#   when the pattern cannot match a character that JSON escapes (a quote, a backslash, a control
+#   character): any match inside a string is then written in the document as it is. (An escape
+#   that may stand for any character, \u or \/, is a built-in hint of its own.) One regex pass.
+# * otherwise (``.``, ``\s``, ``[^...]``, ...) each string of the document is decoded and searched
+#   by itself, as ``text()`` would, and JSON inside a string by its own strings.
+try:  # re's own parser and compiler: private, so any trouble here means "no screen", never a wrong one
+    from re import _compiler as _re_compiler
+    from re import _constants as _re_constants
+    from re import _parser as _re_parser
+except ImportError:  # pragma: no cover
+    _re_compiler = _re_constants = _re_parser = None  # type: ignore[assignment]
+
+
+def _escaped(char: int) -> bool:
+    """Whether JSON text writes this character as an escape (a quote, a backslash, a control character)."""
+    return char < 0x20 or char in (0x22, 0x5C)
+
+
+def _relax(sub: Any, refs: list[Any]) -> bool:
+    """Drop the zero-width assertions of a parsed pattern, in place; False when it can match a
+    character JSON escapes (or holds something not known here). Back references go in ``refs``."""
+    c = _re_constants
+    kept = []
+    for op, av in sub.data:
+        if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
+            continue
+        if op is c.LITERAL:
+            if _escaped(av):
+                return False
+        elif op is c.IN:
+            for item, value in av:
+                if item is c.LITERAL:
+                    if _escaped(value):
+                        return False
+                elif item is c.RANGE:
+                    low, high = value
+                    if low < 0x20 or low <= 0x22 <= high or low <= 0x5C <= high:
+                        return False
+                elif item is not c.CATEGORY or value not in (c.CATEGORY_DIGIT, c.CATEGORY_WORD):
+                    return False  # (a negated class, \s, \S, \W, \D)
+        elif op is c.SUBPATTERN:
+            if not _relax(av[-1], refs):
+                return False
+        elif op is c.BRANCH:
+            if not all(_relax(branch, refs) for branch in av[1]):
+                return False
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)):
+            if not _relax(av[2], refs):
+                return False
+        elif op is getattr(c, "ATOMIC_GROUP", None):
+            if not _relax(av, refs):
+                return False
+        elif op is c.GROUPREF_EXISTS:
+            refs.append(av[0])
+            if not _relax(av[1], refs) or (av[2] is not None and not _relax(av[2], refs)):
+                return False
+        elif op is c.GROUPREF:  # (a back reference matches what its group did)
+            refs.append(av)
+        else:
+            return False  # ANY, NOT_LITERAL, ...
+        kept.append((op, av))
+    sub.data[:] = kept
+    sub.width = None  # (computed again from what is left)
+    return True
+
+
+def _document_screen(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
+    """``pattern`` without its zero-width assertions, to search a whole JSON document for the places
+    where it could match one of its strings; None when that would not be exact (see above)."""
+    if _re_parser is None or not isinstance(pattern.pattern, str):
+        return None
+    try:
+        parsed = _re_parser.parse(pattern.pattern, pattern.flags)
+        refs: list[Any] = []
+        if not _relax(parsed, refs):
+            return None
+        # What follows its first literal is a screen too (it matches inside any match of the whole),
+        # and a literal first is searched for fast: "^\d{3}-\d{2}-\d{4}$" screens with "-\d{2}-\d{4}",
+        # 6 us over a 20 KB event where a leading \d{3} (tried at every position) took 230 us; so
+        # does "\bEMP-\d{6}\b" with "EMP-\d{6}" (290 us searched as written). Not past a group a
+        # back reference needs.
+        first = next((i for i, (op, _) in enumerate(parsed.data) if op is _re_constants.LITERAL), 0)
+        if first and not refs:
+            parsed.data[:] = parsed.data[first:]
+            parsed.width = None
+        screen = _re_compiler.compile(parsed, pattern.flags)
+    except Exception:  # noqa: BLE001 (a parser that changed: no screen, the pattern is searched per string)
+        return None
+    return screen if screen.search("") is None else None
+
+
+def _search_any(patterns: tuple[re.Pattern[str], ...]) -> Any:
+    """One ``search(text)`` for several patterns (a match of any of them, or None)."""
+    if len(patterns) == 1:
+        return patterns[0].search
+    if patterns and all(p.flags & ~re.UNICODE == 0 and p.groups == 0 for p in patterns):  # (\1 would shift)
+        try:
+            return re.compile("|".join(f"(?:{p.pattern})" for p in patterns)).search
+        except re.error:
+            pass
+    return lambda text: next((m for p in patterns if (m := p.search(text)) is not None), None)
 
 
 class Redactor:
@@ -221,10 +383,16 @@ class Redactor:
                 raise ValueError(f"Redactor: pattern {p!r} matches the empty string (it would redact everywhere)")
         self.defaults = defaults
         self.patterns = tuple(compiled)
+        # How the journal finds the strings these patterns may change (see _document_screen).
+        screens = [(p, _document_screen(p)) for p in compiled]
+        self._screens = tuple(screen for _, screen in screens if screen is not None)
+        self._per_string = tuple(p for p, screen in screens if screen is None)
+        self._string_search = _search_any(self._per_string)
         # One alternation: a single pass over the text whatever the number of patterns. Patterns
         # compiled with flags, or with global inline flags, cannot share it and are run one by one.
         self._custom: re.Pattern[str] | None = None
-        if compiled and all(p.flags & ~re.UNICODE == 0 for p in compiled):
+        if compiled and all(p.flags & ~re.UNICODE == 0 for p in compiled) and (
+                len(compiled) == 1 or all(p.groups == 0 for p in compiled)):  # (a \1 would shift)
             try:
                 self._custom = re.compile("|".join(f"(?:{p.pattern})" for p in compiled))
             except re.error:
@@ -237,6 +405,7 @@ class Redactor:
         self.fields = tuple(names)
         self._fields = frozenset(_normalise(f) for f in names)
         self.replacement = replacement
+        self._header_names: dict[str, bool] = {}  # is_sensitive_header, by name (see credentials)
         field_words = [re.escape(f).replace("_", "[_-]?") for f in sorted(self._fields)]
         self._field_hint = re.compile("|".join(field_words)) if field_words else None
         self._pair_words = re.compile("|".join([*_PAIR_WORDS, *field_words]))
@@ -246,7 +415,12 @@ class Redactor:
     def is_sensitive(self, name: str) -> bool:
         """Whether a field, parameter or header called ``name`` holds a secret."""
         norm = _normalise(name)
-        return norm in _HEADERS or norm in self._fields or _SENSITIVE_NAME.search(norm) is not None
+        if norm in _HEADERS or norm in self._fields or _SENSITIVE_NAME.search(norm) is not None:
+            return True
+        # A field named as a header (``"X-Functions-Key"`` in a dict of headers a step returns) is
+        # judged as a header; ``sort_key`` or ``next_token`` stay ordinary fields.
+        return ("-" in name and _HEADER_STYLE.fullmatch(name) is not None and norm not in _NOT_SECRET_HEADERS
+                and _SENSITIVE_HEADER.search(norm) is not None)
 
     def is_sensitive_header(self, name: str) -> bool:
         """Whether a header called ``name`` holds a secret (names ending in -Key, -Token, -Secret too)."""
@@ -259,10 +433,64 @@ class Redactor:
         """Whether a query parameter or form field called ``name`` holds a secret."""
         return self.is_sensitive(name) or _SENSITIVE_QUERY.search(_normalise(name)) is not None
 
+    # -- what a request sends, echoed back ----------------------------------------------------------
+
+    def credentials(self, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[str, ...]:
+        """The secret values ``headers`` send, longest first: each sensitive header's value, its
+        credential without the scheme (``Bearer KEY`` gives ``KEY`` too), the password a ``Basic``
+        credential decodes to, each cookie's value. A server may echo any of them ("Incorrect API
+        key provided: KEY"), in a form no rule knows: ``scrub`` replaces them in what it answered.
+        Values shorter than ``MIN_SCRUB`` characters are left out."""
+        items = headers.items() if isinstance(headers, Mapping) else headers
+        found: set[str] = set()
+        for name, value in items:
+            value = value.strip() if isinstance(value, str) else ""
+            if len(value) < MIN_SCRUB or not self._sensitive_header(name):
+                continue
+            found.add(value)
+            scheme, _, credential = value.partition(" ")
+            credential = credential.strip()
+            if credential:
+                found.add(credential)
+                if scheme.lower() == "basic":
+                    try:
+                        found.add(base64.b64decode(credential, validate=True).decode("utf-8").partition(":")[2])
+                    except (binascii.Error, ValueError):
+                        pass
+            if "=" in value:  # cookies: each one's value
+                found.update(part.partition("=")[2].strip() for part in value.split(";"))
+        return tuple(sorted((v for v in found if len(v) >= MIN_SCRUB), key=len, reverse=True))
+
+    def _sensitive_header(self, name: str) -> bool:
+        known = self._header_names.get(name)
+        if known is None:
+            known = self.is_sensitive_header(name)
+            if len(self._header_names) < 1024:  # (the same few names, request after request)
+                self._header_names[name] = known
+        return known
+
+    def scrub(self, value: Any, secrets: Iterable[str]) -> Any:
+        """``value`` (a text, or a JSON value: its strings and keys) with every exact occurrence of
+        ``secrets`` replaced (a text in which none occurs comes back as it is)."""
+        secrets = tuple(secrets)
+        if not secrets:
+            return value
+        if isinstance(value, str):
+            for secret in secrets:
+                if secret in value:
+                    value = value.replace(secret, self.replacement)
+            return value
+        if isinstance(value, dict):
+            return {self.scrub(k, secrets): self.scrub(v, secrets) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.scrub(v, secrets) for v in value]
+        return value
+
     # -- the pre-filter ----------------------------------------------------------------------------
 
     def may_hold_secret(self, text: str) -> bool:
-        """False only when ``text`` certainly holds nothing this redactor would change (cheap)."""
+        """False only when ``text`` certainly holds nothing ``text()`` would change (cheap). (A
+        JSON document's strings are redacted one by one: ``JournalRedactor`` asks each of them.)"""
         if self._may_match(text):
             return True
         if self._custom is not None:
@@ -274,7 +502,8 @@ class Redactor:
     def _judge(self, m: re.Match[str]) -> str:
         group = m.lastgroup
         if group in _QUERY_GROUPS:
-            if self.is_sensitive_query(m.group(_QUERY_GROUPS[group])):
+            name = m.group(_QUERY_GROUPS[group])
+            if self.is_sensitive_query(unquote(name) if "%" in name else name):  # (?api%5Fkey= too)
                 return m.group(0)[: m.start(group) - m.start()] + self.replacement
             return m.group(0)
         if group == "ui_pw":
@@ -304,25 +533,33 @@ class Redactor:
             while end < len(text) and text[end] in _NAME_CHARS:
                 end += 1
             sep = _PAIR_SEP.match(text, end)
-            value = _PAIR_VALUE.match(text, sep.end()) if sep else None
-            if value is None:
+            if sep is None:
                 continue
             name = text[start:end]
-            if _normalise(name) == "token" or not self.is_sensitive(name):
+            norm = _normalise(name)
+            if norm == "token" or not self.is_sensitive(name):
                 continue
-            out += [text[done:sep.end()], self.replacement]
-            done = value.end()
+            begin = sep.end()
+            if sep.group(1):  # 'a quoted value', to its closing quote
+                stop = _QUOTED_VALUE[sep.group(1)].match(text, begin).end()
+            elif _LINE_NAME.search(norm) is not None and (start == 0 or text[start - 1] not in "?&"):
+                stop = _LINE_VALUE.match(text, begin).end()  # a header's line (not a URL's ?cookie=...)
+            else:
+                value = _PAIR_VALUE.match(text, begin)
+                stop = value.end() if value is not None else begin
+            if stop == begin:
+                continue
+            out += [text[done:begin], self.replacement]
+            done = stop
         if not out:
             return text
         out.append(text[done:])
         return "".join(out)
 
     def _hint_positions(self, text: str) -> list[int] | None:
-        """Where in ``text`` the pre-filter finds something, in order (empty: nothing to redact);
-        None when positions cannot stand for the rules (the user's own patterns may match across
-        strings; a lower-cased text of another length)."""
-        if self.patterns:
-            return None
+        """Where in the JSON ``text`` the pre-filter finds something, in order (empty: nothing to
+        redact); None when positions cannot stand for the rules (a lower-cased text of another
+        length)."""
         low = text.lower()
         if len(low) != len(text):
             return None
@@ -332,8 +569,44 @@ class Redactor:
                 found.append(m.start())
         if self._field_hint is not None:
             found += [m.start() for m in self._field_hint.finditer(low)]
+        if self.patterns:
+            found += self._pattern_hints(text)
         found.sort()
         return found
+
+    def _pattern_hints(self, text: str) -> list[int]:
+        """Where the user's own patterns could change a string of the JSON ``text`` as ``json()``
+        redacts it (each string by itself, JSON inside a string by its own strings): a position
+        inside each such string (see ``_document_screen``)."""
+        found: list[int] = []
+        for screen in self._screens:
+            for m in screen.finditer(text):
+                start, end = m.span()
+                found.append(start)
+                quote = text.find('"', start + 1, end)
+                while quote >= 0:  # (a match across strings: each of them)
+                    found.append(quote)
+                    quote = text.find('"', quote + 1, end)
+        if self._per_string:
+            found += self._string_hints(text)
+        return found
+
+    def _string_hints(self, text: str) -> list[int]:
+        """The start of each string of the JSON ``text`` the per-string patterns could change."""
+        found = []
+        find, search = text.find, self._string_search
+        pos = 0
+        while True:
+            start = find('"', pos)  # (only strings hold quotes: each one found starts a string)
+            if start < 0:
+                return found
+            try:
+                value, pos = scanstring(text, start + 1)
+            except ValueError:  # not JSON (nested text that is not): the caller searched it whole
+                return found
+            if search(value) is not None or (value.startswith(("{", "[", '"')) and len(value) <= _NESTED_JSON_LIMIT
+                                             and self._string_hints(value)):
+                found.append(start)
 
     def _may_match(self, text: str) -> bool:
         """The pre-filter for one string: False only when no built-in rule or field name applies."""
@@ -385,8 +658,11 @@ class Redactor:
 
     def _json_string(self, value: str) -> str:
         # JSON nested as a string is common (an LLM's tool-call "arguments", an echoed request body);
-        # its fields must be redacted as fields, not only by pattern.
-        if value[:1] in "{[" and len(value) <= _NESTED_JSON_LIMIT:
+        # its fields must be redacted as fields, not only by pattern. So is JSON encoded twice (a
+        # string that is a JSON string literal: json.dumps(json.dumps({...}))): its text is redacted
+        # as what it stands for.
+        first = value[:1]
+        if first in ("{", "[", '"') and len(value) <= _NESTED_JSON_LIMIT:
             try:
                 nested = json.loads(value)
             except ValueError:
@@ -396,6 +672,10 @@ class Redactor:
                 # Re-encoded only when something went: redaction changes nothing but secrets, so a
                 # text redacted twice, or in parts (``JournalRedactor``), is the same text.
                 return value if clean == nested else json.dumps(clean, ensure_ascii=False, separators=(",", ":"))
+            if isinstance(nested, str):
+                inner = self._json_string(nested)
+                if inner != nested:  # (and the literal's own text as text, as it would be otherwise)
+                    return self.text(json.dumps(inner, ensure_ascii=False))
         return self.text(value)
 
     def query(self, query: str) -> str:
@@ -441,9 +721,9 @@ class JournalRedactor:
     """Redacts the JSON text of an event (or a signal, a run's input, an error record) before it is
     written (invariant 9).
 
-    The pre-filter (``Redactor.may_hold_secret``, 2-3 microseconds for a small event) lets only
-    texts that could hold a secret pay for a full redaction. Redaction is idempotent, so a text may
-    safely pass twice.
+    The pre-filter (``Redactor._hint_positions``, 2-3 microseconds for a small event) lets only
+    the strings that could hold a secret pay for their redaction. Redaction is idempotent, so a
+    text may safely pass twice.
     """
 
     def __init__(self, redactor: Redactor) -> None:
@@ -455,9 +735,11 @@ class JournalRedactor:
         held to: both give the same text)."""
         if force:
             return self._whole(text)
-        hints = self.redactor._hint_positions(text)
-        if hints is None:  # the user's own patterns: the whole document, when the pre-filter fires
-            return self._whole(text) if self.redactor.may_hold_secret(text) else text
+        r = self.redactor
+        hints = r._hint_positions(text)
+        if hints is None:  # (rare scripts: lower-casing changed the length) the whole document
+            changes = r._may_match(text) or (r.patterns and r._pattern_hints(text))
+            return self._whole(text) if changes else text
         if not hints:
             return text
         return self._in_place(text, hints)
@@ -471,8 +753,9 @@ class JournalRedactor:
         as text (or as nested JSON), a key is judged as a name and, when sensitive, its whole value
         is replaced. Nothing else is parsed; the rest of the text is kept as it is.
 
-        Every hint lies inside one string token (no hint pattern spans a quote), and strings are
-        the only tokens that hold quotes, so scanning string tokens from the start is exact."""
+        Every hint lies inside one string token (no hint pattern spans a quote) or between them (a
+        user pattern's screen may match there: nothing to do), and strings are the only tokens that
+        hold quotes, so scanning string tokens from the start is exact."""
         r = self.redactor
         out: list[str] = []
         done = 0  # text[:done] is settled

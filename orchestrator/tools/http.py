@@ -32,6 +32,13 @@ where a body is ``None`` (empty) or ``{"text", "size": full bytes, "truncated": 
 cut to ``max_body`` bytes and ending in ``…[truncated: N bytes total]`` when cut. ``attempt`` is
 ``attempt()`` if given, else how many times this tool has sent that idempotency key.
 
+A credential the request sent never comes back in the record, a durable call's journaled
+response or an error's message, even where the server echoes it ("bad key KEY", in a body, a
+header or a redirect's URL): the values of the request's sensitive headers
+(``Redactor.credentials``: ``Bearer KEY`` gives ``KEY`` too) and the tool's own ``secrets=`` (a
+model client's API key) are replaced exactly, before the text is redacted and before it is cut.
+This is asked only on the way to an error or a record, never on a plain success.
+
 The breaker is named per host (``host`` or ``host:port``) unless the tool or the call names one
 (``breaker="payments"``). It is given as a pair ``(before, after)`` of callables taking the name;
 ``StoreBreakers.hooks(...)`` builds that pair over the shared store.
@@ -44,13 +51,13 @@ import inspect
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timezone
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from orchestrator.payload.redact import Redactor
+from orchestrator.payload.redact import MIN_SCRUB, Redactor
 from orchestrator.tools.clients import DEFAULT_TIMEOUT, client_options
 from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError, ToolError
 
@@ -121,7 +128,8 @@ class _Base:
                  breaker: BreakerHooks | None = None, breaker_name: str | None = None,
                  redactor: Redactor | None = None, max_body: int = 8192,
                  attempt: Callable[[], int] | None = None, clock: Callable[[], float] = time.time,
-                 durable: Any = None, before_send: Callable[[], None] | None = None) -> None:
+                 durable: Any = None, before_send: Callable[[], None] | None = None,
+                 secrets: Iterable[str] = ()) -> None:
         if breaker is not None and not (isinstance(breaker, tuple) and len(breaker) == 2
                                         and all(callable(f) for f in breaker)):
             raise TypeError(f"breaker must be a (before(name), after(name, ok)) pair of callables, got {breaker!r}")
@@ -137,6 +145,9 @@ class _Base:
         self._clock = clock
         self._durable = durable
         self._before_send = before_send  # raises to stop a request from leaving (an abandoned attempt)
+        # Values this tool sends that must never come back in what it journals or raises (a model
+        # client's API key); the request's own sensitive header values are added per request.
+        self._secrets = tuple(v for v in secrets if isinstance(v, str) and len(v) >= MIN_SCRUB)
         self._sends: dict[str, int] = {}  # sends per idempotency key: the attempt number by default
         self._lock = threading.Lock()
 
@@ -175,8 +186,16 @@ class _Base:
     def _where(self, request: httpx.Request) -> str:
         return f"{request.method} {self.redactor.url(str(request.url))}"
 
+    def _sent(self, request: httpx.Request) -> tuple[str, ...]:
+        """The secrets ``request`` carries (its sensitive headers' values, this tool's own), which a
+        server may echo: scrubbed from anything made of what it answered. (Asked only on the way to
+        an error or a journal record.)"""
+        sent = self.redactor.credentials(_raw(request.headers))
+        return tuple(sorted({*sent, *self._secrets}, key=len, reverse=True)) if self._secrets else sent
+
     def _error_for_exception(self, exc: Exception, request: httpx.Request, name: str) -> ToolError:
-        where, cause = self._where(request), self.redactor.text(str(exc)) or type(exc).__name__
+        where = self._where(request)
+        cause = self.redactor.text(self.redactor.scrub(str(exc), self._sent(request))) or type(exc).__name__
         timeouts = request.extensions.get("timeout", {})
         if isinstance(exc, httpx.ConnectTimeout):
             return RetryableToolError(f"{where}: connecting timed out after {timeouts.get('connect')}s", tool=name)
@@ -200,7 +219,10 @@ class _Base:
             return None
         where = self._where(request)
         phrase = f"{status} {response.reason_phrase}".strip()
-        snippet = self.redactor.body(self._decode(response.content) or "", response.headers.get("content-type"))
+        # What the server said, without what was sent (a key it echoes: "bad key KEY"), redacted,
+        # and only then cut: a secret cut short of its pattern would leak its prefix.
+        said = self.redactor.scrub(self._decode(response.content) or "", self._sent(request))
+        snippet = self.redactor.body(said, response.headers.get("content-type"))
         detail = f": {snippet[:_SNIPPET]}" if snippet else ""
         if status == 429 or status >= 500:
             retry_after = parse_retry_after(response.headers.get("retry-after"), self._clock())
@@ -223,29 +245,31 @@ class _Base:
         except UnicodeDecodeError:
             return None
 
-    def _body(self, content: bytes | None, content_type: str | None) -> dict[str, Any] | None:
+    def _body(self, content: bytes | None, content_type: str | None,
+              sent: tuple[str, ...] = ()) -> dict[str, Any] | None:
         if not content:
             return None
         size = len(content)
         text = self._decode(content)
         if text is None:
             return {"text": f"[binary: {size} bytes]", "size": size, "truncated": False}
-        # Redact first, then cut: a secret cut short of its pattern would leak its prefix.
-        clean = self.redactor.body(text, content_type).encode("utf-8")
+        # Scrub and redact first, then cut: a secret cut short of its pattern would leak its prefix.
+        clean = self.redactor.body(self.redactor.scrub(text, sent), content_type).encode("utf-8")
         if len(clean) <= self.max_body:
             return {"text": clean.decode("utf-8"), "size": size, "truncated": False}
         cut = clean[: self.max_body].decode("utf-8", errors="ignore")
         return {"text": f"{cut}…[truncated: {size} bytes total]", "size": size, "truncated": True}
 
-    def _request_body(self, request: httpx.Request) -> dict[str, Any] | None:
+    def _request_body(self, request: httpx.Request, secrets: tuple[str, ...]) -> dict[str, Any] | None:
         try:
             content = request.content
         except httpx.RequestNotRead:
             return {"text": "[streamed body not recorded]", "size": None, "truncated": False}
-        return self._body(content, request.headers.get("content-type"))
+        return self._body(content, request.headers.get("content-type"), secrets)
 
     def _record(self, request: httpx.Request, name: str, key: str | None, attempt: int, started: float,
                 response: httpx.Response | None, error: BaseException | None, sent: bool) -> dict[str, Any]:
+        secrets = self._sent(request)
         record: dict[str, Any] = {
             "type": "http",
             "tool": name,
@@ -257,17 +281,21 @@ class _Base:
             "idempotency_key": key,
             "sent": sent,
             "request": {"headers": self.redactor.headers(_raw(request.headers)),
-                        "body": self._request_body(request)},
+                        "body": self._request_body(request, secrets)},
             "response": None,
             "error": None,
         }
         if response is not None:
+            headers = _raw(response.headers)
+            if secrets:
+                headers = [(k, self.redactor.scrub(v, secrets)) for k, v in headers]
             record["response"] = {
-                "headers": self.redactor.headers(_raw(response.headers)),
-                "body": self._body(response.content, response.headers.get("content-type")),
+                "headers": self.redactor.headers(headers),
+                "body": self._body(response.content, response.headers.get("content-type"), secrets),
             }
         if error is not None:
-            record["error"] = {"type": type(error).__name__, "message": self.redactor.text(str(error))}
+            record["error"] = {"type": type(error).__name__,
+                               "message": self.redactor.text(self.redactor.scrub(str(error), secrets))}
             if isinstance(error, RetryableToolError) and error.retry_after is not None:
                 record["error"]["retry_after"] = error.retry_after
         return record
@@ -286,7 +314,7 @@ class HttpTool(HttpVerbs, _Base):
             return self._send(method, url, breaker, kwargs)
 
         def perform() -> dict[str, Any]:
-            return _durable_record(self._send(method, url, breaker, dict(kwargs)), self.redactor)
+            return _durable_record(self._send(method, url, breaker, dict(kwargs)), self)
 
         try:
             record = self._durable.durable_call("http", _request_key(method, url, kwargs, breaker, self.redactor),
@@ -361,7 +389,7 @@ class AsyncHttpTool(HttpVerbs, _Base):
             return await self._send(method, url, breaker, kwargs)
 
         async def perform() -> dict[str, Any]:
-            return _durable_record(await self._send(method, url, breaker, dict(kwargs)), self.redactor)
+            return _durable_record(await self._send(method, url, breaker, dict(kwargs)), self)
 
         try:
             record = await self._durable.adurable_call(
@@ -538,14 +566,21 @@ class _TooBig(Exception):
         super().__init__("response too large to journal")
 
 
-def _durable_record(response: httpx.Response, redactor: Redactor) -> dict[str, Any]:
+def _durable_record(response: httpx.Response, tool: _Base) -> dict[str, Any]:
     text = response.text
     if len(text) > MAX_DURABLE_BODY:
         raise _TooBig(response)
+    redactor = tool.redactor
     # The body is left to the journal's redaction (fields and patterns): a response a step parses
-    # must keep its shape, and that redaction keeps it.
-    return {"status": response.status_code, "headers": redactor.headers(dict(response.headers)),
-            "url": redactor.url(str(response.url)), "text": text}
+    # must keep its shape, and that redaction keeps it. A credential the request sent and the
+    # server echoed is in no form a rule knows: it is replaced here, where it is known.
+    headers, url = dict(response.headers), str(response.url)
+    secrets = tool._sent(response.request)
+    if secrets:
+        text, url = redactor.scrub(text, secrets), redactor.scrub(url, secrets)
+        headers = redactor.scrub(headers, secrets)
+    return {"status": response.status_code, "headers": redactor.headers(headers),
+            "url": redactor.url(url), "text": text}
 
 
 def _replayed(method: str, record: dict[str, Any]) -> httpx.Response:
