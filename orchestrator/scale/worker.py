@@ -58,7 +58,13 @@ from orchestrator.engine.config import default_owner
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator.engine.loader import AppCode, load_app_code
 from orchestrator.engine.queues import check_queue_name
-from orchestrator.errors import ConfigurationError, GraphChangedError, WorkflowNotFoundError
+from orchestrator.errors import (
+    CodeChangedError,
+    ConfigurationError,
+    GraphChangedError,
+    MigrationError,
+    WorkflowNotFoundError,
+)
 from orchestrator.scale.deadletter import DEFAULT_MAX_FAILURES, DeadLetterPolicy
 from orchestrator.scale.limits import Limits, QueueLimit
 from orchestrator.scale.wakeups import NotifyListener
@@ -418,7 +424,10 @@ class Worker:
             else:
                 self._count("fenced")
                 _log.warning("run %s: lease lost, abandoned (%s: %s)", run_id, type(exc).__name__, exc)
-        except (WorkflowNotFoundError, GraphChangedError) as exc:
+        except (WorkflowNotFoundError, GraphChangedError, CodeChangedError, MigrationError) as exc:
+            # Not this run's failure: this worker's code cannot drive it (another workflow, a changed
+            # graph, step code the workflow refuses to mix, a migration that fails). Another worker
+            # with the run's code can; counting it as a failed recovery would dead-letter it.
             with self._lock:
                 self._skip[run_id] = time.monotonic() + self.skip_for
             self._count("skipped")

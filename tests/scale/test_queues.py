@@ -245,3 +245,37 @@ def test_a_queued_run_a_worker_is_driving_shows_running(db_url, thread_worker):
         # Then it was 'running', held by the worker, and a listing of running runs had it
         assert (row.status, row.lease_owner is not None) == ("running", True)
         assert listed == [run_id]
+
+
+def test_a_run_whose_changed_code_this_worker_refuses_is_left_for_another_worker(db_url, thread_worker):
+    # Given a run interrupted after its first step, whose workflow refuses changed step code
+    def flow(answer: int) -> Workflow:
+        wf = Workflow("refusing", on_code_change="refuse")
+        if answer == 1:
+            def first(ctx, state):
+                return {"a": 1}
+        else:
+            def first(ctx, state):
+                return {"a": 2}  # a changed body
+
+        def second(ctx, state):
+            if state.get("stop"):
+                raise KeyboardInterrupt  # the process dies here (a BaseException user code does not catch)
+            return {"b": 1}
+
+        wf.step(first)
+        wf.step(second)
+        return wf
+
+    old = flow(1)
+    with Orchestrator(db_url, workflows=[old], lease_ttl=0.5) as orc:
+        with pytest.raises(KeyboardInterrupt):
+            orc.run(old, {"stop": True}, run_id="cc1")
+        # When a worker with the new code claims it once its lease lapsed
+        tw = thread_worker(Worker(db_url, [flow(2)], concurrency=1, skip_for=60, lease_ttl=5))
+        wait_for(lambda: tw.worker.counts["skipped"] >= 1, timeout=HANG, what="the worker to give the run up")
+        tw.stop()
+        # Then it was left for another worker: not a failed recovery, not dead, not held
+        assert (tw.worker.counts["skipped"], tw.worker.counts["failed_recoveries"], tw.worker.counts["dead"]) == (1, 0, 0)
+        rec = orc.get_run("cc1")
+        assert rec.status == "running" and rec.lease_owner is None
