@@ -32,40 +32,7 @@ pytestmark = pytest.mark.slow
 
 HANG = 120.0
 
-APP = '''\
-from pathlib import Path
-
-from compensations import Compensations
-from workflows import Workflow
-
-LEDGER = Path(__file__).resolve().parent / "ledger.txt"
-
-undo = Compensations()
-trip = Workflow("trip")
-
-
-@trip.step(effect=True)
-def book_flight(ctx, state):
-    return {"flight": "F1"}
-
-
-@undo.compensates("book_flight")
-def cancel_flight(ctx, effect):
-    with LEDGER.open("a") as ledger:
-        ledger.write(f"cancel {effect.result['flight']}\\n")
-
-
-@trip.step
-def approve(ctx, state):
-    return {"ok": ctx.wait_for("approval")["ok"]}
-
-
-@trip.step
-def pay(ctx, state):
-    if not state["ok"]:
-        raise ValueError("not approved")
-    return {"paid": True}
-'''
+APP = (Path(__file__).parent / "registry_app.py").read_text()
 
 #: A second app module: a workflow of its own with two effects, one undone by this module's
 #: registry and one by app.py's (the effect ``book_flight``).
