@@ -17,7 +17,14 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_base
 
-from orchestrator.errors import EncodingError, InDoubtError, PermanentToolError, RetryableToolError, StepTimeoutError
+from orchestrator.errors import (
+    CircuitOpenError,
+    EncodingError,
+    InDoubtError,
+    PermanentToolError,
+    RetryableToolError,
+    StepTimeoutError,
+)
 from store import StoreError
 from workflows import Retry
 
@@ -37,45 +44,53 @@ NEVER_RETRY = (PermanentToolError, InDoubtError, EncodingError, StoreError, Stop
 class _PolicyWait(wait_base):
     """tenacity wait strategy reading the step's Retry policy and the injected random source."""
 
-    def __init__(self, policy: Retry, offset: int, rng: random.Random) -> None:
+    def __init__(self, policy: Retry, offset: int, rng: random.Random, clock: Callable[[], float] | None) -> None:
         self.policy = policy
         self.offset = offset
         self.rng = rng
+        self.clock = clock
 
     def __call__(self, retry_state: RetryCallState) -> float:
         delay = self.policy.backoff(self.offset + retry_state.attempt_number, self.rng.random())
         error = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(error, RetryableToolError) and error.retry_after is not None:
             delay = max(delay, error.retry_after)  # the server said when: never call back sooner
+        elif isinstance(error, CircuitOpenError) and error.retry_at is not None and self.clock is not None:
+            # The breaker said when it lets a probe through: an attempt sooner would only fail fast
+            # again and spend the step's retries while the breaker is still open.
+            delay = max(delay, error.retry_at - self.clock())
         return delay
 
 
 def attempts(once: Callable[[], Awaitable[Any]], policy: Retry, *, prior: int, rng: random.Random,
              sleep: Callable[[float], Awaitable[None]],
-             on_retry: Callable[[BaseException | None, float], None]) -> Awaitable[Any]:
+             on_retry: Callable[[BaseException | None, float], None],
+             clock: Callable[[], float] | None = None) -> Awaitable[Any]:
     """Call ``once`` until it succeeds or the policy gives up (then its last error is raised); await
     what this returns.
 
     ``prior`` attempts were journaled before (by this or a crashed process); ``on_retry(error,
-    delay)`` journals a failed attempt before the engine sleeps ``delay`` seconds.
+    delay)`` journals a failed attempt before the engine sleeps ``delay`` seconds. ``clock``: the
+    clock an open breaker's ``retry_at`` is on (the engine's), so a retry waits the breaker out.
     """
     remaining = policy.attempts - prior
     if remaining <= 1:
         return once()  # the last attempt (the default policy's only one): no retry loop around it
-    return _retrying(once, policy, prior, remaining, rng=rng, sleep=sleep, on_retry=on_retry)
+    return _retrying(once, policy, prior, remaining, rng=rng, sleep=sleep, on_retry=on_retry, clock=clock)
 
 
 async def _retrying(once: Callable[[], Awaitable[Any]], policy: Retry, prior: int, remaining: int, *,
                     rng: random.Random,
                     sleep: Callable[[float], Awaitable[None]],
-                    on_retry: Callable[[BaseException | None, float], None]) -> Any:
+                    on_retry: Callable[[BaseException | None, float], None],
+                    clock: Callable[[], float] | None = None) -> Any:
     async def before_sleep(state: RetryCallState) -> None:
         on_retry(state.outcome.exception() if state.outcome else None, state.upcoming_sleep)
 
     retrying = AsyncRetrying(
         sleep=sleep,
         stop=stop_after_attempt(remaining),
-        wait=_PolicyWait(policy, prior, rng),
+        wait=_PolicyWait(policy, prior, rng, clock),
         retry=retry_if_exception(lambda e: isinstance(e, Exception) and not isinstance(e, NEVER_RETRY)
                                  and policy.should_retry(e)),
         before_sleep=before_sleep,

@@ -109,7 +109,7 @@ class StepRunner:
         execution = _Execution(self, run, name, tick, prior, key, input_ref, failure, compensable, offload)
         try:
             result = await attempts(execution.attempt_once, step.retry, prior=prior, rng=self.rng, sleep=self.sleep,
-                                    on_retry=execution.journal_retry)
+                                    on_retry=execution.journal_retry, clock=self.clock)
         except _Settled:
             return  # the in-doubt attempt was found done: its completion is journaled
         except Suspend as suspend:

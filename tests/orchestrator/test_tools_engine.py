@@ -215,3 +215,33 @@ def test_ctx_ahttp_trips_the_shared_breaker_and_then_fails_fast_without_a_reques
     assert [r.state["why"] for r in results] == ["orchestrator.errors.RetryableToolError"] * 2 + [
         "orchestrator.errors.CircuitOpenError"]
     assert [(t["from"], t["to"]) for t in failed[0]["breakers"]] == [("closed", "open")]
+
+
+def test_a_steps_retry_waits_an_open_breaker_out_instead_of_spending_its_attempts(orc_factory, fake_time):
+    # Given a step guarded by a breaker that opens after 2 failures for 30 s, a service that fails
+    # twice then works, and a step policy of 4 quick retries (well under the breaker's reset)
+    from workflows import Retry
+
+    flaky = BreakerConfig(name="pricing", failure_threshold=2, reset_timeout=30)
+    calls: list[float] = []
+    wf = Workflow("wait-it-out")
+
+    @wf.step(start=True, breaker=flaky, retry=Retry(attempts=4, initial=0.5, jitter=False))
+    def price(ctx, state):
+        calls.append(fake_time.clock())
+        if len(calls) <= 2:
+            raise ConnectionError("pricing is down")
+        return {"price": 42}
+
+    wf.edge("price", END)
+    orc = orc_factory(wf, breakers=BreakerRegistry())
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="w1")
+    # Then the attempt that met the open breaker failed fast, the next one waited until the breaker
+    # let a probe through (not the policy's 2 s), and completed: the retries were not spent in vain
+    assert result.status == "completed" and result.state == {"price": 42}
+    assert len(calls) == 3 and calls[2] - calls[1] >= 30
+    failed = [e["data"] for e in orc.history("w1") if e["kind"] == "StepFailed"]
+    assert [f["error"]["type"] for f in failed] == ["ConnectionError", "ConnectionError",
+                                                   "orchestrator.errors.CircuitOpenError"]
+    assert failed[2]["retry_in"] >= 28 and failed[0]["retry_in"] < 5
