@@ -84,7 +84,7 @@ class Engine:
         steps = StepRunner(self.journal, store=store, clock=config.clock, sleep=config.sleep, rng=config.rng,
                            compensations=compensations, tools=tools, replay=replay)
         saga = SagaRunner(self.journal, compensations, clock=config.clock, sleep=config.sleep, rng=config.rng,
-                          tools=tools)
+                          tools=tools, replaying=replay is not None)
         self.driver = Driver(self.journal, steps, saga, self.heartbeat, store=store, clock=config.clock)
 
     def close(self) -> None:

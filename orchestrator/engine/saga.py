@@ -58,13 +58,16 @@ class SagaRunner:
 
     def __init__(self, journal: JournalWriter, compensations: Compensations | None, *, clock: Callable[[], float],
                  sleep: Callable[[float], Awaitable[None]], rng: random.Random,
-                 tools: ToolsForSteps | None = None) -> None:
+                 tools: ToolsForSteps | None = None, replaying: bool = False) -> None:
         self.journal = journal
         self.compensations = compensations
         self.clock = clock
         self.sleep = sleep
         self.rng = rng
         self.tools = tools
+        #: driving under a cassette (``Orchestrator(replay=...)``): the recorded world is not touched,
+        #: so a compensation is journaled as replayed instead of run
+        self.replaying = replaying
 
     def policy(self, name: str) -> CompensationPolicy:
         return self.compensations.policy_for(name) if self.compensations is not None else DEFAULT_COMPENSATION_POLICY
@@ -134,6 +137,13 @@ class SagaRunner:
             attempt += 1
             commit(run, [(EventKind.COMPENSATION_STARTED, {
                 "effect": effect.seq, "step": effect.step, "key": effect.key, "attempt": attempt})])
+            if self.replaying:
+                # A replay answers model and tool calls from the recording and touches nothing: undoing
+                # an effect the recording made would undo it in the world a second time, under keys
+                # of this run that the other side has never seen.
+                commit(run, [(EventKind.COMPENSATION_COMPLETED, {
+                    "effect": effect.seq, "step": effect.step, "attempt": attempt, "replayed": True})])
+                return True
             ctx = StepContext(run_id=run.run_id, workflow=run.workflow.name, step=effect.step, attempt=attempt,
                               tick=effect.tick, clock=self.clock, idempotency_key=f"{effect.key}:compensate",
                               tools=self.tools)

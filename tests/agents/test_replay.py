@@ -151,3 +151,59 @@ def test_a_cassette_recorded_with_compacted_nested_json_replays_the_same_request
     other = {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": '{"city": "Rome"}'}}]}]}
     with pytest.raises(ReplayError):
         cassette.lookup("s", 1, 0, "llm", other)
+
+
+def test_a_replayed_run_that_fails_journals_its_compensations_without_running_them(db_url, chat):
+    # Given a recorded run whose tool loop books a venue (an effect tool), then fails later, so its
+    # saga really cancelled the booking in the recorded world
+    undone: list[str] = []
+
+    def saga_flow(llm: LLM) -> Workflow:
+        tools = ToolRegistry()
+
+        def cancel(tctx, record):
+            undone.append(tctx.idempotency_key)
+
+        @tools.tool(effect=True, compensate=cancel)
+        def book(venue: str) -> str:
+            """Book a venue."""
+            ran.append(venue)
+            return f"booked {venue}"
+
+        wf = Workflow("replayed-saga")
+
+        @wf.step(start=True, effect=True, compensate=tools.compensate)
+        def plan(ctx, state):
+            out = run_tool_loop(ctx, llm, [{"role": "user", "content": "book the hall"}], tools)
+            return out.update(plan=out.content)  # lists the loop's effect tools, as docs/agents.md shows
+
+        @wf.step()
+        def pay(ctx, state):
+            raise PermissionError("card declined")
+
+        wf.edge("plan", "pay")
+        wf.edge("pay", END)
+        return wf
+
+    chat.script([tool_call("book", {"venue": "Hall"}), reply("booked the hall")])
+    live = LLM(base_url=chat.url, model="scripted-model", api_key=API_KEY)
+    wf = saga_flow(live)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        original = orc.run(wf, {}, run_id="rec-saga")
+        cassette = Cassette.from_run(orc, "rec-saga")
+    chat.stop()
+    assert original.status == "compensated" and undone == ["rec-saga:plan:0:tools:0.0:compensate"]
+    ran.clear()
+    undone.clear()
+    # When the run is replayed from its cassette, with the model server gone
+    dead = LLM(base_url=chat.url, model="scripted-model", api_key=API_KEY, max_attempts=1)
+    wf = saga_flow(dead)
+    with Orchestrator(db_url, workflows=[wf], replay=cassette) as orc:
+        replayed = orc.run(wf, {}, run_id="replay-saga")
+        history = orc.history("replay-saga")
+    # Then it ends as the recording did, with its compensation journaled as replayed: no tool ran, and
+    # nothing was undone in the world a second time
+    assert replayed.status == "compensated", replayed.error
+    assert ran == [] and undone == [], (ran, undone)
+    [completed] = [e["data"] for e in history if e["kind"] == "CompensationCompleted"]
+    assert completed["replayed"] is True
