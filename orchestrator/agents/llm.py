@@ -313,7 +313,10 @@ class _Base:
             body = redactor.scrub(body, self._secrets)
         choices = body.get("choices") if isinstance(body, dict) else None
         if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)
-                and isinstance(choices[0].get("message"), dict)):
+                and isinstance(choices[0].get("message"), dict)
+                # content is text, null (tool calls only) or a list of parts; a number or an object
+                # would reach the step as ChatResult.content and fail there, far from its cause
+                and isinstance(choices[0]["message"].get("content"), (str, list, type(None)))):
             # Scrubbed and redacted before it is cut: a cut could leave a secret short of its pattern.
             text = content.decode("utf-8", errors="replace")
             if echoed:

@@ -190,3 +190,17 @@ def test_a_2xx_that_is_not_a_chat_completion_is_a_clear_permanent_error(chat, sl
     with pytest.raises(PermanentToolError, match="not a chat completion"):
         llm.complete(llm.request("hi"))
     assert chat.count == 1
+
+
+@pytest.mark.parametrize("content", [42, {"text": "hi"}, True])
+def test_a_reply_whose_content_is_neither_text_nor_parts_is_not_a_chat_completion(chat, sleeps, content):
+    # Given a provider answering 200 with a message whose content is a number or an object
+    from orchestrator.testing import Reply
+
+    chat.script([Reply(body={"choices": [{"message": {"role": "assistant", "content": content},
+                                          "finish_reason": "stop"}]})])
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append)
+    # When it is asked / Then it is the same clear permanent error, at the call, not in the step's code
+    with pytest.raises(PermanentToolError, match="not a chat completion"):
+        llm.complete(llm.request("hi"))
+    assert chat.count == 1
