@@ -258,6 +258,8 @@ def test_bookings_made_by_a_loop_whose_step_has_no_compensation_are_listed_as_no
     assert result.status == "failed"
     assert "NOT undone" in result.error and "lb:reserve:0:tools:0.0" in result.error
     assert "lb:reserve:0:tools:1.0" in result.error
+    # naming each by its tool, in the step that called it
+    assert "book in step reserve (key lb:reserve:0:tools:1.0)" in result.error
 
 
 def test_tools_may_be_a_list_of_plain_functions(db_url, chat):
