@@ -8,16 +8,18 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from orchestrator import Orchestrator
-from workflows import Snapshots, Workflow, reducers
+sys.path.insert(0, str(Path(__file__).parent))
+
+from audit_helpers import raw_sql as sql  # noqa: E402
+
+from orchestrator import Orchestrator  # noqa: E402
+from workflows import Snapshots, Workflow, reducers  # noqa: E402
 
 VERIFY_FAILED = 3
 _SNAPSHOT_OF = "run_pk = (SELECT pk FROM agentsaga_runs WHERE run_id = ?) AND seq = ?"
@@ -40,22 +42,6 @@ def counter() -> Workflow:
         return {}
 
     return wf
-
-
-def sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """One statement on the database behind ``url``, behind the store's back (as an intruder would)."""
-    if url.startswith("sqlite"):
-        conn: Any = sqlite3.connect(url.split("sqlite:///", 1)[1], isolation_level=None)
-    else:
-        import psycopg
-
-        conn = psycopg.connect("postgresql://" + url.split("://", 1)[1], autocommit=True)
-        statement = statement.replace("?", "%s")
-    try:
-        cur = conn.execute(statement, params)
-        return [tuple(row) for row in cur.fetchall()] if cur.description else []
-    finally:
-        conn.close()
 
 
 def tamper(url: str, run_id: str, seq: int, old: str, new: str, *, rehash: bool) -> None:
