@@ -32,10 +32,10 @@ from orchestrator.engine.events import TERMINAL_STATUSES, EventKind
 from orchestrator.engine.fold import RunState, apply
 from orchestrator.engine.groupcommit import Entry, GroupCommitter
 from orchestrator.engine.snapshots import SnapshotChain, SnapshotMeta, restore_run
+from orchestrator.engine.views import copy_json
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
 from store import NewEvent, Store
-from orchestrator.engine.views import copy_json
 from workflows import Snapshots, Workflow, reducers
 from workflows.errors import ReducerError
 
