@@ -21,6 +21,7 @@ snapshots), ``fork`` (the state before a step), ``gc`` (what retention may delet
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -39,7 +40,7 @@ from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.snapshots import retained
 from orchestrator.errors import ConfigurationError, RunStateError
 from orchestrator.payload import codec
-from store import RunNotFoundError, RunRecord, SnapshotInfo, Store
+from store import RunNotFoundError, RunRecord, SnapshotInfo, Store, StoreError
 
 if TYPE_CHECKING:
     from orchestrator.engine.journal import ActiveRun
@@ -123,7 +124,14 @@ class Audit:
             report = verify_journal(run_id, events, snapshots, reduce=recorded, run_status=status,
                                     unknown_fields=recorded.unknown, key=self.signing_key)
         if mark:
-            self._mark(run_id, report)
+            try:
+                self._mark(run_id, report)
+            except StoreError as exc:
+                # A read-only database (a file or role an auditor was given) still gets its verdict.
+                return dataclasses.replace(report, recorded=False, notes=(*report.notes, (
+                    f"the verdicts were not recorded in the checkpoint catalog: the database refused the "
+                    f"write ({exc}); verify --no-mark (mark=False) only reads")))
+            return dataclasses.replace(report, recorded=True)
         return report
 
     def _mark(self, run_id: str, report: VerifyReport) -> None:

@@ -75,6 +75,9 @@ class VerifyReport:
     #: agree), "failed" (its bytes do not verify or decode) or "quarantined" (intact bytes that
     #: disagree with the journal); a snapshot that could not be compared whole has none
     verdicts: tuple[tuple[int, str, str | None], ...] = ()
+    #: whether the verdicts were recorded in the catalog: None when not asked (``mark=False``), False
+    #: when the database refused the write (a read-only file or role); the report stands either way
+    recorded: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -89,6 +92,7 @@ class VerifyReport:
             "notes": list(self.notes),
             "verdicts": [{"seq": seq, "validity": validity, "reason": reason}
                          for seq, validity, reason in self.verdicts],
+            "recorded": self.recorded,
         }
 
     def lines(self) -> list[str]:

@@ -214,7 +214,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print("\n".join(safe(line) for line in report.lines()))
         if report.verdicts:
-            done = "not recorded (--no-mark)" if args.no_mark else "recorded in the catalog"
+            done = ("not recorded (--no-mark)" if args.no_mark else "recorded in the catalog" if report.recorded
+                    else "not recorded: the database refused the write")
             print(f"catalog ({done}): " + ", ".join(f"seq {seq} {validity}" for seq, validity, _ in report.verdicts))
     return 0 if report.ok else VERIFY_FAILED
 

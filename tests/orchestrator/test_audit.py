@@ -350,3 +350,25 @@ def test_snapshot_text_helper_reads_what_the_engine_wrote(db_url, crash_wf):
     seqs = _run_with_snapshots(db_url, crash_wf)
     with Orchestrator(db_url, workflows=[crash_wf]) as orc:
         assert snapshot_text(db_url, "v1", seqs[0]) == orc.store.snapshot("v1", seqs[0]).state
+
+
+def test_verify_on_a_database_that_refuses_writes_still_gives_its_verdict(db_url, crash_wf, monkeypatch):
+    # Given a verified run, and a store whose catalog write is refused (a read-only file or role)
+    _run_with_snapshots(db_url, crash_wf)
+    from store import StoreError
+
+    with Orchestrator(db_url, workflows=[crash_wf]) as orc:
+        def refuse(*args, **kwargs):
+            raise StoreError("mark_snapshot failed: attempt to write a readonly database")
+
+        monkeypatch.setattr(orc.store, "mark_snapshot", refuse)
+        # When it is verified with marking on, after a snapshot's catalog entry says otherwise
+        raw_sql(db_url, "UPDATE agentsaga_snapshots SET validity = 'failed' WHERE run_pk = "
+                        "(SELECT pk FROM agentsaga_runs WHERE run_id = ?)", ("v1",))
+        report = orc.verify("v1")
+        # Then the verdict stands, and the report says the catalog was not updated and why
+        assert report.ok and report.recorded is False
+        assert any("not recorded in the checkpoint catalog" in n and "readonly" in n for n in report.notes)
+        assert report.to_json()["recorded"] is False
+        # And without marking nothing is written or claimed
+        assert orc.verify("v1", mark=False).recorded is None
