@@ -40,6 +40,7 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.errors import EncodingError
@@ -140,15 +141,36 @@ _decoder = json.JSONDecoder(object_hook=_hook)
 _plain_decoder = json.JSONDecoder()
 
 
+def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """``encoder.encode``, with the C encoder built once instead of on every call (building it costs
+    more than encoding a small event). No cycle bookkeeping: a cycle ends in ``RecursionError``,
+    which ``_encode`` explains. Where the C accelerator is missing, ``encoder.encode`` itself."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None or encoder.ensure_ascii or encoder.indent is not None:
+        return encoder.encode
+    compiled = make(None, encoder.default, json.encoder.encode_basestring, None, encoder.key_separator,
+                    encoder.item_separator, encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)
+    join = "".join
+
+    def encode(value: Any) -> str:
+        return join(compiled(value, 0))
+
+    return encode
+
+
+_encode_plain = _one_shot(_encoder)
+_encode_canonical = _one_shot(_canonical)
+
+
 _MAYBE_TAGGED = '{"$'
 
 
-def _encode(encoder: json.JSONEncoder, value: Any, what: str) -> str:
+def _encode(encode: Callable[[Any], str], value: Any, what: str) -> str:
     try:
-        text = encoder.encode(value)
+        text = encode(value)
         if _MAYBE_TAGGED in text:
             # A tag or a dict that looks like one: encode again from a copy with user dicts escaped.
-            text = encoder.encode(_escape(value))
+            text = encode(_escape(value))
     except (TypeError, ValueError, RecursionError) as exc:
         raise _explain(value, what, exc) from None
     if not text.isascii() and not _utf8(text):
@@ -203,12 +225,12 @@ def _find_surrogate(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
 
 def dumps(value: Any, *, what: str = "value") -> str:
     """Encode for the journal; ``what`` names the value in the error (e.g. "output of step 'plan'")."""
-    return _encode(_encoder, value, what)
+    return _encode(_encode_plain, value, what)
 
 
 def canonical_dumps(value: Any, *, what: str = "value") -> str:
     """Key-sorted encoding: the same value always gives the same text (snapshot hashes rely on it)."""
-    return _encode(_canonical, value, what)
+    return _encode(_encode_canonical, value, what)
 
 
 def loads(text: str) -> Any:
