@@ -72,6 +72,9 @@ class LoopClients:
             weakref.WeakKeyDictionary()
         self._wires: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WireTransport | None] = \
             weakref.WeakKeyDictionary()
+        #: the loop asked last (weakly), its client and wire: a model call asks on every call, and
+        #: three weak-dictionary look-ups under a lock cost more than the rest of finding its client
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], httpx.AsyncClient, WireTransport | None] | None = None
         self.closed = False
 
     def get(self) -> httpx.AsyncClient:
@@ -82,11 +85,15 @@ class LoopClients:
         """The running loop's client and, unless requests go through a proxy, the transport under it
         (``wire()``), in one look-up: a model call asks for both."""
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop and not last[1].is_closed and not self.closed:
+            return last[1], last[2]
         with self._lock:
             if self.closed:
                 raise RuntimeError("the HTTP clients are closed (the Orchestrator was closed)")
             client = self._clients.get(loop)
             if client is not None and not client.is_closed:
+                self._last = (weakref.ref(loop), client, self._wires.get(loop))
                 return client, self._wires.get(loop)
             options = client_options(self._timeout)
             wire = WireTransport(verify=options["verify"],
@@ -101,6 +108,7 @@ class LoopClients:
             closer = _close_at_shutdown(client)
             self._closers[loop] = closer
             wire_or_none = self._wires[loop]
+            self._last = (weakref.ref(loop), client, wire_or_none)
         loop.create_task(_park(closer))
         return client, wire_or_none
 
@@ -132,6 +140,7 @@ class LoopClients:
     def _take(self) -> list[tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]]:
         with self._lock:
             taken = list(self._clients.items())
+            self._last = None
             self._clients.clear()
             self._closers.clear()
             self._wires.clear()
