@@ -28,7 +28,7 @@ from orchestrator.errors import (
 from store import StoreError
 from workflows import Retry
 
-__all__ = ["NEVER_RETRY", "StopAttempts", "attempts", "with_timeout"]
+__all__ = ["NEVER_RETRY", "StopAttempts", "attempts", "not_before", "with_timeout"]
 
 
 class StopAttempts(Exception):
@@ -53,13 +53,19 @@ class _PolicyWait(wait_base):
     def __call__(self, retry_state: RetryCallState) -> float:
         delay = self.policy.backoff(self.offset + retry_state.attempt_number, self.rng.random())
         error = retry_state.outcome.exception() if retry_state.outcome else None
-        if isinstance(error, RetryableToolError) and error.retry_after is not None:
-            delay = max(delay, error.retry_after)  # the server said when: never call back sooner
-        elif isinstance(error, CircuitOpenError) and error.retry_at is not None and self.clock is not None:
-            # The breaker said when it lets a probe through: an attempt sooner would only fail fast
-            # again and spend the step's retries while the breaker is still open.
-            delay = max(delay, error.retry_at - self.clock())
-        return delay
+        return not_before(delay, error, self.clock)
+
+
+def not_before(delay: float, error: BaseException | None, clock: Callable[[], float] | None) -> float:
+    """``delay``, or longer when ``error`` says when the other side can be asked again: a server's
+    Retry-After, or an open breaker's next probe (``retry_at`` on ``clock``, the engine's). An
+    attempt sooner would only fail again, spending the policy's attempts while the service is
+    still refusing. Steps' retries and compensations' retries both wait this way."""
+    if isinstance(error, RetryableToolError) and error.retry_after is not None:
+        return max(delay, error.retry_after)  # the server said when: never call back sooner
+    if isinstance(error, CircuitOpenError) and error.retry_at is not None and clock is not None:
+        return max(delay, error.retry_at - clock())
+    return delay
 
 
 def attempts(once: Callable[[], Awaitable[Any]], policy: Retry, *, prior: int, rng: random.Random,

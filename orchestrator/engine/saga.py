@@ -32,6 +32,7 @@ from orchestrator.engine.context import StepContext
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState
 from orchestrator.engine.journal import ActiveRun, JournalWriter
+from orchestrator.engine.retries import not_before
 from orchestrator.engine.services import ToolsForSteps
 from orchestrator.payload.exceptions import error_record
 
@@ -157,7 +158,7 @@ class SagaRunner:
                 raise
             except Exception as exc:
                 retry = policy.should_retry(exc, attempt)
-                delay = policy.backoff(attempt, self.rng.random()) if retry else None
+                delay = not_before(policy.backoff(attempt, self.rng.random()), exc, self.clock) if retry else None
                 failed = {"effect": effect.seq, "step": effect.step, "attempt": attempt, "error": error_record(exc),
                           "retry_in": round(delay, 6) if delay is not None else None, "final": not retry}
                 await _close_tools(ctx, failed)

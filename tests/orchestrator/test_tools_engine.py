@@ -245,3 +245,43 @@ def test_a_steps_retry_waits_an_open_breaker_out_instead_of_spending_its_attempt
     assert [f["error"]["type"] for f in failed] == ["ConnectionError", "ConnectionError",
                                                    "orchestrator.errors.CircuitOpenError"]
     assert failed[2]["retry_in"] >= 28 and failed[0]["retry_in"] < 5
+
+
+def test_a_compensation_waits_out_the_breaker_its_failing_step_opened(orc_factory, fake_time):
+    # Given a flight booked (an effect with a compensation) and a payment to the same host that keeps
+    # answering 503, so its retries open the host's breaker; cancelling a flight works all along
+    from workflows import Retry
+
+    def cancel(ctx, effect):
+        ctx.http.delete(effect.result["href"])
+
+    wf = Workflow("brk-saga")
+
+    @wf.step(start=True, compensate=cancel)
+    def book(ctx, state):
+        reply = ctx.http.post(f"{state['api']}/flights", json={"to": "Lisbon"})
+        return {"href": f"{state['api']}/flights/{reply.json()['id']}"}
+
+    @wf.step(retry=Retry(attempts=5, initial=0.05, max_backoff=0.2, jitter=False))
+    def pay(ctx, state):
+        ctx.http.post(f"{state['api']}/payments", json={"amount": 10})
+        return {"paid": True}
+
+    wf.edge("book", "pay")
+    wf.edge("pay", END)
+    with BookingService() as service:
+        service.fail_payments(503)
+        orc = orc_factory(wf, breakers=BreakerRegistry())
+        # When the run fails at the payment and its saga compensates the flight
+        result = orc.run(wf, {"api": service.url}, run_id="b1")
+        history = orc.history("b1")
+        ledger = service.ledger()
+    # Then the compensation that met the open breaker waited until it let a probe through (instead of
+    # spending its attempts failing fast), and the flight was cancelled: the run is compensated
+    assert result.status == "compensated", result.error
+    failed = [e["data"] for e in history if e["kind"] == "CompensationFailed"]
+    assert failed and failed[0]["error"]["type"] == "orchestrator.errors.CircuitOpenError"
+    assert failed[0]["retry_in"] >= 1  # the breaker's reset, not the policy's sub-second backoff
+    assert [e["kind"] for e in history if e["kind"].startswith("Compensation")][-1] == "CompensationCompleted"
+    booked = [e["id"] for e in ledger if e["action"] == "book"]
+    assert len(booked) == 1 and [e["id"] for e in ledger if e["action"] == "cancel"] == booked, ledger
