@@ -24,7 +24,8 @@ import nestedchild  # noqa: E402
 from agent_helpers import API_KEY, calls  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
-from orchestrator.agents import AsyncLLM, Cassette, ToolContext, ToolRegistry, arun_tool_loop  # noqa: E402
+from orchestrator.agents import LLM, AsyncLLM, Cassette, ToolContext, ToolRegistry, arun_tool_loop, run_tool_loop  # noqa: E402
+from orchestrator.testing import BookingService, Reply, reply  # noqa: E402
 from workflows import END, Workflow  # noqa: E402
 
 CHILD = Path(__file__).parent / "nestedchild.py"
@@ -156,3 +157,64 @@ def test_an_async_tool_asking_the_model_twice_is_not_paid_again_when_the_step_ru
     assert result.state["looked"] == ["old town in Lisbon: lovely", "river in Lisbon: lovely"]
     assert chat.count == 5
     assert sorted(str(c["index"]) for c in journal) == ["0", "1", "1.0", "1.1", "2", "3"]
+
+
+def test_a_tool_loop_run_inside_a_tool_gives_its_effect_tools_keys_of_their_own(db_url, chat):
+    # Given a loop whose model books a venue and asks a delegate tool, which runs a loop of its own
+    # booking another venue with the same tool; a later step fails, so the saga undoes both
+    llm = LLM(base_url=chat.url, model="scripted-model", api_key=API_KEY, max_attempts=1)
+    with BookingService() as service:
+        def cancel(tctx: ToolContext, record: dict) -> None:
+            tctx.http.delete(f"{service.url}/hotels/{record['result']['id']}")
+
+        def book(tctx: ToolContext, venue: str) -> dict:
+            """Book a venue."""
+            return tctx.http.post(f"{service.url}/hotels", json={"venue": venue}).json()
+
+        inner = ToolRegistry()
+        inner.tool(book, effect=True, compensate=cancel)
+        tools = ToolRegistry()
+        tools.tool(book, effect=True, compensate=cancel)
+
+        @tools.tool
+        def delegate(tctx: ToolContext, city: str) -> str:
+            """Let an assistant book in a city."""
+            return run_tool_loop(tctx.step, llm, f"book in {city}", inner).content
+
+        def script(body: dict, n: int) -> Reply:
+            first, answered = body["messages"][0]["content"], any(m["role"] == "tool" for m in body["messages"])
+            if first == "book in Lisbon":
+                return reply("booked Belem Loft") if answered else Reply(tool_calls=[
+                    {"name": "book", "arguments": {"venue": "Belem Loft"}, "id": "b2"}])
+            return reply("planned") if answered else Reply(tool_calls=[
+                {"name": "book", "arguments": {"venue": "Alfama Hall"}, "id": "b1"},
+                {"name": "delegate", "arguments": {"city": "Lisbon"}, "id": "d1"}])
+
+        chat.script(script)
+        wf = Workflow("loop-in-a-tool")
+
+        @wf.step(start=True, effect=True, compensate=tools.compensate)
+        def plan(ctx, state):
+            out = run_tool_loop(ctx, llm, "plan Lisbon", tools)
+            return out.update(answer=out.content)
+
+        @wf.step()
+        def pay(ctx, state):
+            raise RuntimeError("card declined")
+
+        wf.edge("plan", "pay")
+        wf.edge("pay", END)
+        # When the run books both, then fails
+        with Orchestrator(db_url, workflows=[wf]) as orc:
+            result = orc.run(wf, {}, run_id="l1")
+            journal = calls(orc, "l1")
+        ledger = service.ledger()
+    # Then the inner loop's booking (made inside the delegate's call 2) carried a key of its own,
+    # with the call's position, not the outer loop's first key again
+    assert [c["index"] for c in journal] == [0, 1, "2.0", "2.1", "2.2", 2, 3]
+    booked = [(e["body"], e["idempotency_key"]) for e in ledger if e["action"] == "book"]
+    assert booked == [({"venue": "Alfama Hall"}, "l1:plan:0:tools:0.0"), ({"venue": "Belem Loft"}, "l1:plan:0:2:tools:0.0")]
+    # And the saga undid both, newest first, each once
+    assert result.status == "compensated", result.error
+    assert [e["idempotency_key"] for e in ledger if e["action"] == "cancel"] == [
+        "l1:plan:0:2:tools:0.0:compensate", "l1:plan:0:tools:0.0:compensate"]
