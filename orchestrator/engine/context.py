@@ -30,7 +30,6 @@ _log = logging.getLogger("agentsaga.step")
 _CURRENT: ContextVar["weakref.ref[StepContext] | None"] = ContextVar("agentsaga_current_step", default=None)
 
 
-
 class CallScope:
     """A durable call being performed: whose it is (``owner``, the step attempt's durable calls),
     where it is (``position``), and what was made inside it so far.
@@ -42,18 +41,24 @@ class CallScope:
     not performed, so the calls inside it are not made: numbering them under it keeps every later
     call's position what it was when they were journaled. Carried by a context variable, so each
     task (``asyncio.gather``) or thread given a copy of the context numbers under its own call.
+    The owner is held weakly, as the current step is: a context copied while the call runs (a
+    connection opened inside it keeps one) must not keep the step attempt alive.
     """
 
-    __slots__ = ("owner", "position", "calls", "timers", "replacing")
+    __slots__ = ("_owner", "position", "calls", "timers", "replacing")
 
     def __init__(self, owner: object, position: int | str, replacing: bool) -> None:
-        self.owner = owner
+        self._owner = weakref.ref(owner)
         self.position = position
         self.calls = 0
         self.timers = 0
         #: performed again because its request changed (``if_changed="perform"``): what was journaled
         #: inside it belongs to the request it replaces
         self.replacing = replacing
+
+    def of(self, owner: object) -> bool:
+        """Whether this is a call of ``owner`` (one step attempt's durable calls)."""
+        return self._owner() is owner
 
     def next_call(self) -> str:
         n = self.calls
@@ -75,7 +80,7 @@ def call_position(owner: object | None = None) -> int | str | None:
     one. What the call sends (an HTTP request's idempotency key) is a stable function of it. With
     ``owner``, only a call of those durable calls counts."""
     scope = CALL_SCOPE.get()
-    if scope is None or (owner is not None and scope.owner is not owner):
+    if scope is None or (owner is not None and not scope.of(owner)):
         return None
     return scope.position
 

@@ -159,7 +159,7 @@ class DurableExecution:
         else the next top-level number. A call of another execution (a run driven from inside a
         call, say) does not count: its positions are its own."""
         scope = CALL_SCOPE.get()
-        if scope is not None and scope.owner is self:
+        if scope is not None and scope.of(self):
             return scope.next_call(), scope.replacing
         index = self._calls
         self._calls += 1
@@ -343,7 +343,7 @@ class DurableExecution:
         # A timer inside a durable call is numbered under it, as a call would be: when that call is
         # answered from the journal the timer is not reached, and later timers keep their numbers.
         scope = CALL_SCOPE.get()
-        if scope is not None and scope.owner is self:
+        if scope is not None and scope.of(self):
             index: Position = scope.next_timer()
         else:
             index = self._timers
