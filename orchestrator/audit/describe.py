@@ -100,8 +100,11 @@ def headline(kind: str, data: dict[str, Any]) -> str:
     if kind in ("CallCompleted", "CallFailed"):
         what = " ".join(part for part in (str(data.get("kind")), _call_name(data.get("request"))) if part)
         flags = "".join(f", {flag}" for flag in ("replaced", "replayed") if data.get(flag))
+        position = str(data.get("index"))
+        if "." in position:  # made while another call was performed (a tool asking a model)
+            flags += f", inside call {position.rsplit('.', 1)[0]}"
         failed = f" failed: {_error(data.get('error'))}" if kind == "CallFailed" else ""
-        return f"{step} call {data.get('index')} ({what}{_ms(data.get('ms'))}{flags}){failed}"
+        return f"{step} call {position} ({what}{_ms(data.get('ms'))}{flags}){failed}"
     if step is not None:
         return f"{step}: " + compact({k: v for k, v in data.items() if k != "step"}, 200)
     return compact(data, 200)

@@ -447,13 +447,17 @@ class _Builder:
 
 
 def _call_record(seq: int, at: float, data: Mapping[str, Any]) -> dict[str, Any]:
-    """A durable call as the report's call table reads it: its kind as the type, and a name from
-    its request when it has one (a model, a tool, a URL)."""
+    """A durable call as the report's call table reads it: its kind as the type, a name from its
+    request when it has one (a model, a tool, a URL) and, for a call made inside another one
+    (position ``"1.0"``), ``inside`` (that call's position) and ``depth`` (how deep it is)."""
     request = data.get("request")
     name = ""
     if isinstance(request, dict):
         name = next((str(request[k]) for k in ("model", "tool", "name", "url") if request.get(k)), "")
-    record = {k: v for k, v in data.items() if k not in ("step", "tick", "kind")}
+    record = {k: v for k, v in data.items() if k not in ("step", "tick", "kind", "inside", "depth")}
+    position = str(data.get("index"))
+    if "." in position:
+        record.update(inside=position.rsplit(".", 1)[0], depth=position.count("."))
     return {"type": data.get("kind") or "call", "name": name, "seq": seq, "at": at, **record}
 
 

@@ -43,6 +43,7 @@ from orchestrator.cli.common import (
 from orchestrator.audit.describe import details, headline
 from orchestrator.audit.summary import RunSummary
 from orchestrator.cli.term import clip, json_line, safe, table, when
+from orchestrator.engine.context import position_parts
 from orchestrator.errors import SavepointError
 
 __all__ = ["add_audit_verbs", "VERIFY_FAILED", "whole_number"]
@@ -78,6 +79,19 @@ def _plain(value: Any) -> Any:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _by_position(calls: list[Any]) -> list[dict[str, Any]]:
+    """An execution's journaled durable calls ordered by position (``1``, ``1.0``, ``1.1``, ``2``);
+    a position the journal repeats (a replaced call) keeps its journal order, and one that is not a
+    position at all (a damaged event) goes last rather than failing the read."""
+    def order(call: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+        try:
+            return 0, position_parts(call["index"])
+        except (TypeError, ValueError):
+            return 1, ()
+
+    return sorted((c for c in calls if isinstance(c, dict) and "seq" in c and "index" in c), key=order)
 
 
 # -- show ------------------------------------------------------------------------------------------
@@ -126,11 +140,14 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
         rows = [[x.index, x.first_seq if x.seq == x.first_seq else f"{x.first_seq}-{x.seq}", x.tick, x.step,
                  x.outcome, x.attempts, _ms(x.ms), _outcome_detail(x)] for x in shown]
         out.append(table(["#", "SEQ", "TICK", "STEP", "OUTCOME", "ATTEMPTS", "MS", "NEXT / ERROR"], rows))
-    calls = [(x, c) for x in shown for c in x.calls if isinstance(c, dict) and "seq" in c and "index" in c]
+    calls = [(x, c) for x in shown for c in _by_position(x.calls)]
     if calls:
-        # The durable calls (model requests, tool calls, HTTP) journaled by the executions shown.
+        # The durable calls (model requests, tool calls, HTTP) journaled by the executions shown, each
+        # execution's in the order of their positions: a call made inside another one ("1.0", a
+        # model call of a tool) right under it, indented, although it was journaled before it.
         out += ["", f"CALLS ({len(calls)} journaled)"]
-        rows = [[c["seq"], x.step, c["index"], c.get("type") or "call", c.get("name") or "", _ms(c.get("ms")),
+        rows = [[c["seq"], x.step, "  " * int(c.get("depth") or 0) + str(c["index"]), c.get("type") or "call",
+                 c.get("name") or "", _ms(c.get("ms")),
                  ", ".join(flag for flag in ("effect", "replaced", "replayed") if c.get(flag))] for x, c in calls]
         out.append(table(["SEQ", "STEP", "#", "KIND", "NAME", "MS", ""], rows))
     if s.effects:

@@ -60,13 +60,14 @@ class RunState:
     saga: dict[str, Any] | None = None
     #: incremented by each rollback, so effects re-made after one get fresh idempotency keys
     epoch: int = 0
-    #: durable calls of steps not yet completed: step -> {index: {kind, request, response}}
+    #: durable calls of steps not yet completed: step -> {position: {kind, request, response}}, the
+    #: position as text: "0", "1", ... and, for a call made inside call 1, "1.0", "1.1", ...
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: signal waits in progress: "step:name" -> {timeout_at}
     waits: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: signals received by steps not yet completed: "step:name" -> data
     received: dict[str, Any] = field(default_factory=dict)
-    #: durable timers of steps not yet completed: "step:index" -> wake_at
+    #: durable timers of steps not yet completed: "step:index" -> wake_at ("step:1.0" inside call 1)
     timers: dict[str, float] = field(default_factory=dict)
     #: when the next attempt of a failed step may start (its journaled backoff): step -> epoch seconds
     retry_at: dict[str, float] = field(default_factory=dict)
@@ -169,7 +170,7 @@ def _step_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Re
         }
         # The effects its calls made (tools of a tool loop) are undone with the step, by its
         # compensation: they join its record instead of standing alone (never compensated twice).
-        mine = [e for e in run.effects if e["step"] == step and e["call"] >= 0 and e["tick"] == run.tick
+        mine = [e for e in run.effects if e["step"] == step and e["call"] != -1 and e["tick"] == run.tick
                 and not e["compensated"] and e.get("epoch", 0) == run.epoch]
         if mine:
             record["calls"] = [{"index": e["call"], "name": e["name"], "key": e["key"], "result": e["result"]}

@@ -105,7 +105,7 @@ class SagaRunner:
             commit(run, [(EventKind.SAGA_COMPLETED, {"outcome": "cancelled", "uncompensable": lost, "in_doubt": in_doubt})])
         elif lost:
             # A tool call's effect by its tool's name, in the step that called it; a step's by the step.
-            names = ", ".join(f"{e['name']} (key {e['key']})" if e.get("call", -1) < 0 or e.get("name") == e["step"]
+            names = ", ".join(f"{e['name']} (key {e['key']})" if e.get("call", -1) == -1 or e.get("name") == e["step"]
                               else f"{e['name']} in step {e['step']} (key {e['key']})" for e in lost)
             error = {"type": "orchestrator.errors.UncompensatedEffects",
                      "message": f"run failed at step {saga.get('step')!r} and these effects have no compensation "

@@ -14,6 +14,7 @@ close over that exploration's world (service URL, clock, execution ledger).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from orchestrator import Orchestrator, RunResult
@@ -265,13 +266,77 @@ class Agent(Flow):
         self.workflow = wf
 
 
+class Nested(Flow):
+    """Durable calls made while another durable call is performed. ``survey`` runs the tool loop;
+    its tool asks the model twice and books a room with ``ctx.http`` (calls 1.0, 1.1 and 1.2, inside
+    the tool's call 1), then the loop's last model call and a top-level summary follow (calls 2 and
+    3). ``compare`` gathers two async calls, each making two calls of its own while the other is
+    under way (0.0, 0.1 and 1.0, 1.1, whichever runs first). Wherever the process dies, the resumed
+    run asks and books nothing twice and renumbers nothing: the journal check (``check``) finds no
+    call journaled twice or replaced, the booking ledger no room booked twice."""
+
+    status = "completed"
+
+    def __init__(self, world: Any) -> None:
+        api = world.api
+        llm = LLM(base_url=world.chat_url, model="scripted", max_attempts=1, breaker=False)
+        tools = ToolRegistry()
+
+        @tools.tool
+        def look(tctx: ToolContext, city: str) -> dict:
+            """Look around a city."""
+            old_town = llm.chat(tctx.step, f"describe the old town of {city}").content
+            river = llm.chat(tctx.step, f"describe the river of {city}").content
+            room = tctx.http.post(f"{api}/hotels", json={"survey room": city}).json()["id"]
+            return {"old town": old_town, "river": river, "room": room}
+
+        wf = Workflow("nested", version="1")
+
+        @wf.step(start=True, effect=True, resend=True)
+        def survey(ctx, state):
+            world.executed(ctx)
+            out = run_tool_loop(ctx, llm, "survey Lisbon", tools)
+            summary = llm.chat(ctx, f"summarise: {out.content}").content
+            return {"answer": out.content, "summary": summary, "looked": out.calls[0]["result"]}
+
+        @wf.step()
+        async def compare(ctx, state):
+            world.executed(ctx)
+
+            async def weigh(city: str) -> list[str]:
+                async def perform() -> list[str]:
+                    food = ctx.durable_call("rate", {"city": city, "aspect": "food"}, lambda: f"{city}: food 4")
+                    await asyncio.sleep(0)  # the sibling call makes its inner calls in between
+                    rent = await ctx.adurable_call("rate", {"city": city, "aspect": "rent"}, lambda: f"{city}: rent 2")
+                    return [food, rent]
+
+                return await ctx.adurable_call("weigh", {"city": city}, perform)
+
+            porto, faro = await asyncio.gather(weigh("Porto"), weigh("Faro"))
+            return {"porto": porto, "faro": faro}
+
+        wf.edge("survey", "compare")
+        wf.edge("compare", END)
+        self.workflow = wf
+
+
 def chat_script(request: dict[str, Any], n: int) -> Any:
     """The model, answering from the conversation: the same answers whatever was replayed before."""
-    if any(m.get("role") == "tool" for m in request.get("messages", [])):
+    messages = request.get("messages", [])
+    first = str(messages[0].get("content")) if messages else ""
+    if first.startswith("describe the "):  # the nested flow's tool asking the model
+        return reply(f"{first.removeprefix('describe the ')}: lovely")
+    if first.startswith("summarise: "):
+        return reply(f"in short, {first.removeprefix('summarise: ')}")
+    if first.startswith("survey "):
+        if any(m.get("role") == "tool" for m in messages):
+            return reply("surveyed Lisbon")
+        return Reply(tool_calls=[{"name": "look", "arguments": {"city": "Lisbon"}, "id": "call_look"}])
+    if any(m.get("role") == "tool" for m in messages):
         return reply("booked both venues")
     return Reply(tool_calls=[{"name": "book", "arguments": {"venue": "Alfama Hall"}, "id": "call_alfama"},
                              {"name": "book", "arguments": {"venue": "Belem Loft"}, "id": "call_belem"}])
 
 
 FLOWS: dict[str, type[Flow]] = {"trip": Trip, "fanout": Fanout, "threads": Threads, "approval": Approval,
-                                "agent": Agent}
+                                "agent": Agent, "nested": Nested}

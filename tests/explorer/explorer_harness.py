@@ -275,11 +275,36 @@ def check(outcome: Outcome, reference: Outcome) -> list[str]:
     for seq, n in done.items():
         if n > 1:
             problems.append(f"the effect journaled at seq {seq} was compensated {n} times")
+    problems += _calls_made_again(outcome, reference)
     if _final(outcome) != _final(reference):
         problems.append(f"final {outcome.result.status} {outcome.result.state} differs from the reference's "
                         f"{reference.result.status} {reference.result.state}")
     if not outcome.verify_ok:
         problems.append(f"verify is not clean: {outcome.verify_text}")
+    return problems
+
+
+def _calls_made_again(outcome: Outcome, reference: Outcome) -> list[str]:
+    """Durable calls the journal holds twice: a position of a step execution (its tick, since the last
+    rollback) completed twice was performed (paid for) twice; one ``replaced`` where the reference
+    has none was renumbered or changed on resume (a call inside another one counted as a later one)."""
+    def journaled(history: list[dict[str, Any]]) -> tuple[Counter, int]:
+        epoch, seen, replaced = 0, Counter(), 0
+        for e in history:
+            if e["kind"] == "RolledBack":
+                epoch += 1
+            elif e["kind"] == "CallCompleted":
+                data = e["data"]
+                seen[(data["step"], data["tick"], epoch, str(data["index"]))] += 1
+                replaced += bool(data.get("replaced"))
+        return seen, replaced
+
+    seen, replaced = journaled(outcome.history)
+    problems = [f"call {index} of step {step!r} (tick {tick}) was journaled {n} times: performed again"
+                for (step, tick, _, index), n in seen.items() if n > 1]
+    if replaced != journaled(reference.history)[1]:
+        problems.append(f"{replaced} calls were journaled as replacing a changed request, the reference has "
+                        f"{journaled(reference.history)[1]}: a resumed call met another request at its position")
     return problems
 
 
