@@ -417,7 +417,10 @@ class Worker:
             self._count("completed", int(status in TERMINAL_STATUSES))
         except (FencedError, asyncio.CancelledError) as exc:
             if run_id in self._handing_back or isinstance(exc, asyncio.CancelledError):
-                self._release(run_id, token)
+                # A cancelled drive gives its lease back itself, or keeps it (still renewed) until a
+                # sync step's thread that cannot be stopped ends: never release under that thread.
+                if not orc.engine.heartbeat.holds(run_id):
+                    self._release(run_id, token)
                 self._count("handed_back")
                 status = "handed_back"
                 _log.info("run %s handed back (lease released for another worker)", run_id)
