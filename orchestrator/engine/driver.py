@@ -85,8 +85,9 @@ class Driver:
     def _give_back(self, run: ActiveRun) -> bool:
         """The drive was cancelled: release the run's lease now, or once the last thread running a
         sync step of the run ends. True when the lease is kept for now (the heartbeat goes on)."""
-        if run.folded.status not in ("running", "compensating") or self.heartbeat.lost(run.run_id):
-            return False  # ended or parked (its lease went with that), or taken over: nothing of ours to give
+        if run.folded.status not in ("running", "compensating"):
+            return False  # ended or parked: its lease went with that
+        # (A lease taken over meanwhile makes the release below a no-op: it is fenced.)
         threads = run.threads
         if threads is None:
             self._release(run)

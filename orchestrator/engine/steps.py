@@ -302,7 +302,10 @@ class StepRunner:
         except _CheckRaised as raised:
             reason = f"{doubt['reason']}; its check hook raised {type(raised.error).__name__}: {raised.error}"
             self.fail(run, name, execution.attempt, exc, ctx=execution.ctx, doubt={**doubt, "reason": reason})
-            return True  # (not reached: fail raises GaveUp or journals the failure route)
+            return True  # (fail raised GaveUp, or took the failure route)
+        except _Permanent as permanent:  # the hook's update cannot be routed: the step fails, still in doubt
+            self.fail(run, name, execution.attempt, permanent.error, ctx=execution.ctx, doubt=doubt)
+            return True
         self.fail(run, name, execution.attempt, exc, ctx=execution.ctx, doubt=False, checked="not done")
         return True
 
