@@ -181,6 +181,9 @@ def _outcome_detail(x: Any) -> str:
         return f"{x.error.get('type')}: {x.error.get('message')}{doubt}" + (f" -> {x.route}" if x.route else "")
     if x.outcome == "cancelled":
         return "cancelled; runs again on resume"
+    if x.outcome in ("in doubt", "in progress") and x.extra and x.extra[-1]["kind"] == "StepCancelled":
+        left = x.extra[-1]["data"].get("key_left")
+        return f"cancelled after its function ran{' and its key left' if left else ''}; settled on resume"
     if x.outcome == "completed":
         return ", ".join(x.next) or ("join " + ", ".join(x.joins) if x.joins else "END")
     if x.failures:
