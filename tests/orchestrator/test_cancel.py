@@ -344,3 +344,45 @@ def test_a_sync_step_on_a_thread_keeps_the_lease_until_the_thread_ends(orc_facto
     [result] = other.recover()
     assert result.status == "completed" and result.state["slow"] is True
     assert sent == ["refused", "notify"]
+
+
+def test_a_run_cancelled_while_its_creation_is_being_written_is_created_unleased(orc_factory):
+    # Given a process already driving a run (so a new run's creation joins the group committer)
+    release = asyncio.Event()
+    wf = Workflow("cancel-create")
+
+    @wf.step(start=True)
+    async def wait(ctx, state):
+        if state.get("hold"):
+            await release.wait()
+        return {"done": True}
+
+    wf.edge("wait", END)
+    orc = orc_factory(wf)
+    created = orc.store.create_runs
+
+    async def drive() -> None:
+        loop = asyncio.get_running_loop()
+        holding = asyncio.ensure_future(orc.arun(wf, {"hold": True}, run_id="busy"))
+        while orc.engine.journal.driving == 0:
+            await asyncio.sleep(0)  # (a turn of the loop: until the first run is being driven)
+        late: list[asyncio.Task[Any]] = []
+
+        def create_runs(creates):
+            # the creation is being written: cancel the task that awaits it (before its answer comes)
+            loop.call_soon_threadsafe(late[0].cancel)
+            return created(creates)
+
+        orc.store.create_runs = create_runs
+        late.append(asyncio.ensure_future(orc.arun(wf, {}, run_id="new")))
+        # When the task creating the second run is cancelled while the creation is written
+        with pytest.raises(asyncio.CancelledError):
+            await late[0]
+        release.set()
+        assert (await holding).status == "completed"
+
+    asyncio.run(drive())
+    # Then the run exists (the write landed), unleased: another Orchestrator recovers it at once
+    assert orc.get_run("new").lease_owner is None
+    [result] = orc_factory(wf).recover()
+    assert (result.run_id, result.status) == ("new", "completed")
