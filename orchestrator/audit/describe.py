@@ -68,7 +68,20 @@ def headline(kind: str, data: dict[str, Any]) -> str:
             then = f"gave up, routed to {data['route']}" if data.get("route") else "gave up"
         else:
             then = f"retry in {_seconds(data.get('retry_in'))}"
+        doubt = data.get("doubt")
+        if isinstance(doubt, dict):  # first, before a long headline is cut: its effect may stand
+            then = f"IN DOUBT (key {doubt.get('key')}); {then}"
         return f"{where}) failed; {then}"
+    if kind == "StepCancelled":
+        if not data.get("called"):
+            how = "before its function ran: nothing left the process"
+        elif "key_left" in data:
+            how = "its key had left: re-sent with it on resume" if data.get("key_left") else \
+                "before its key left: in doubt until resume settles it"
+        else:
+            how = "runs again on resume"
+        still = "; still running on a thread (the lease is kept until it ends)" if data.get("still_running") else ""
+        return f"{where}) cancelled, {how}{still}"
     if kind == "Resumed":
         return (f"by {data.get('owner')} (lease {data.get('lease')}) from snapshot seq {data.get('snapshot_seq')}, "
                 f"{data.get('replayed')} events replayed")
@@ -114,12 +127,12 @@ _DETAIL_FIELDS: dict[str, tuple[str, ...]] = {
     "RunStarted": ("input",),
     "StepStarted": ("input",),
     "StepCompleted": ("input", "update", "trace", "calls", "http"),
-    "StepFailed": ("error", "traceback"),
+    "StepFailed": ("error", "doubt", "traceback"),
     "CompensationCompleted": ("result", "trace"),
     "CompensationFailed": ("error", "traceback"),
     "SagaStarted": ("error",),
     "SagaFailed": ("error",),
-    "RunFailed": ("error", "uncompensable"),
+    "RunFailed": ("error", "uncompensable", "in_doubt"),
     "RunCancelled": (),
     "SagaCompleted": ("uncompensable", "in_doubt"),
     "CallCompleted": ("request", "response"),

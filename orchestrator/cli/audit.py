@@ -129,6 +129,10 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
         out.append(f"error: {safe(s.error)}")
     if s.failure:
         out.append(f"cause: {_cause_line(s.failure)}")
+    for e in s.effects:
+        if e["status"] == "in doubt":
+            out.append(f"in doubt: effect {safe(e['step'])} with key {safe(e['key'])} may have taken effect "
+                       f"({safe(e.get('reason'))}); look the key up at its service")
     for f in s.earlier_failures:  # history: the run went back past them (a rollback)
         out.append(f"before the rollback at seq {f['rolled_back_at']}: {_cause_line(f)}")
     executions = s.executions
@@ -152,8 +156,8 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
         out.append(table(["SEQ", "STEP", "#", "KIND", "NAME", "MS", ""], rows))
     if s.effects:
         out += ["", "EFFECTS AND COMPENSATIONS"]
-        rows = [[e["seq"], e["step"], e["key"], e["status"] if e["compensable"] else "no compensation",
-                 e["attempts"], e["undone_seq"] or "-"] for e in s.effects]
+        rows = [[e["seq"], e["step"], e["key"], effect_status(e), e["attempts"], e["undone_seq"] or "-"]
+                for e in s.effects]
         out.append(table(["SEQ", "STEP", "KEY", "COMPENSATION", "ATTEMPTS", "UNDONE AT"], rows))
     out += ["", "SNAPSHOTS"]
     snaps = [n for n in s.snapshots if not n.get("rejected")]
@@ -183,9 +187,20 @@ def _cause_line(f: dict[str, Any]) -> str:
     return f"{safe(f['message'])} at seq {f['seq']}{where}: {safe(err.get('type'))}: {safe(err.get('message'))}"
 
 
+def effect_status(e: dict[str, Any]) -> str:
+    """An effect's line in the effects table: its compensation's status, or why it has none."""
+    return e["status"] if e["compensable"] or e["status"] == "in doubt" else "no compensation"
+
+
 def _outcome_detail(x: Any) -> str:
     if x.error:
-        return f"{x.error.get('type')}: {x.error.get('message')}" + (f" -> {x.route}" if x.route else "")
+        doubt = f" [effect in doubt, key {x.doubt.get('key')}]" if x.doubt else ""
+        return f"{x.error.get('type')}: {x.error.get('message')}{doubt}" + (f" -> {x.route}" if x.route else "")
+    if x.outcome == "cancelled":
+        return "cancelled; runs again on resume"
+    if x.outcome in ("in doubt", "in progress") and x.extra and x.extra[-1]["kind"] == "StepCancelled":
+        left = x.extra[-1]["data"].get("key_left")
+        return f"cancelled after its function ran{' and its key left' if left else ''}; settled on resume"
     if x.outcome == "completed":
         return ", ".join(x.next) or ("join " + ", ".join(x.joins) if x.joins else "END")
     if x.failures:

@@ -114,14 +114,22 @@ class running:
 
 
 class _Abandoned:
-    """Whether one step attempt was abandoned, and the check its outgoing calls make."""
+    """Whether one step attempt was abandoned (it timed out, or it was cancelled), and the check its
+    outgoing calls make."""
 
-    __slots__ = ("step", "attempt", "revoked")
+    __slots__ = ("step", "attempt", "revoked", "cancelled")
 
     def __init__(self, step: str, attempt: int) -> None:
-        self.step, self.attempt, self.revoked = step, attempt, False
+        self.step, self.attempt, self.revoked, self.cancelled = step, attempt, False, False
 
     def guard(self) -> None:
+        if self.cancelled:
+            import asyncio
+
+            # A BaseException, as a cancellation is: a step's ``except Exception`` does not take it
+            # for a failure of its call and go on.
+            raise asyncio.CancelledError(f"step {self.step!r} attempt {self.attempt} was cancelled: nothing it does "
+                                         "after that reaches the journal or leaves the process through ctx")
         if self.revoked:
             from orchestrator.errors import StepTimeoutError
 
@@ -225,9 +233,21 @@ class StepContext:
         the process any more (see ``guard``)."""
         self._abandoned.revoked = True
 
+    def cancel(self) -> None:
+        """This attempt was cancelled (the task driving the run was): like ``revoke``, but what its
+        calls raise from now on is ``asyncio.CancelledError``. For a sync step still running on a
+        thread; an async step's cancellation already stopped it."""
+        self._abandoned.cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this attempt was cancelled (``cancel``)."""
+        return self._abandoned.cancelled
+
     @property
     def guard(self) -> Callable[[], None]:
-        """``guard()`` raises ``StepTimeoutError`` if this attempt was abandoned."""
+        """``guard()`` raises ``StepTimeoutError`` if this attempt was abandoned after its timeout,
+        ``asyncio.CancelledError`` if it was cancelled."""
         return self._abandoned.guard
 
     @property

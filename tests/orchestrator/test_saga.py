@@ -223,10 +223,13 @@ def test_an_effect_in_doubt_with_resend_false_and_no_check_is_not_sent_again(mak
     result = make(trip_workflow(world, resend=False)).resume("t5")
     # Then the run does not guess: the hotel is not booked twice, the flight is compensated
     assert world.calls.count("book hotel") == 1
-    assert result.status == "compensated"
     assert world.cancelled == ["flight-1"]
     failed = [e["data"] for e in make(dying).history("t5") if e["kind"] == "StepFailed"]
     assert failed[0]["error"]["type"] == "orchestrator.errors.InDoubtError"
+    # and it does not claim to be compensated while the hotel booking may stand: it failed, naming it
+    assert result.status == "failed"
+    assert result.error.startswith("orchestrator.errors.InDoubtError: ")
+    assert "book_hotel (key t5:book_hotel:1)" in result.error and "NOT undone" in result.error
 
 
 def test_rollback_undoes_effects_after_the_checkpoint_and_continues_another_way(make):
