@@ -445,6 +445,10 @@ class Workflow:
             raise DefinitionError(
                 f"input must be a dict (or a {self.name!r} state model), got {type(value).__name__}", workflow=self.name
             )
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:  # as for a step's update: a state field is named by a string
+            raise InputError(f"input has a non-string key {bad[0]!r}; the input's keys are the state's fields, "
+                             "which are named by strings", workflow=self.name)
         return dict(value)
 
     def view(self, state: dict[str, Any]) -> Any:

@@ -42,6 +42,7 @@ from orchestrator.errors import (
     CallChangedError,
     CallFailedError,
     CircuitOpenError,
+    EncodingError,
     PermanentToolError,
     RetryableToolError,
     ToolError,
@@ -184,15 +185,32 @@ class DurableExecution:
 
     def _record(self, kind: str, index: int, request: str, response: Any, ms: float, *,
                 replayed: bool = False, replaced: bool = False, effect: Any = None) -> Any:
-        self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(
-            kind, index, request, response, ms, replayed, replaced, effect))])
+        try:
+            self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(
+                kind, index, request, response, ms, replayed, replaced, effect))])
+        except EncodingError as exc:
+            raise self._unjournaled(kind, index, response, exc) from None
         return self.run.folded.calls[self.step][str(index)]["response"]
 
     async def _arecord(self, kind: str, index: int, request: str, response: Any, ms: float, *,
                        replaced: bool = False, effect: Any = None) -> Any:
-        data = self._completed(kind, index, request, response, ms, False, replaced, effect)
-        await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
+        try:
+            data = self._completed(kind, index, request, response, ms, False, replaced, effect)
+            await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
+        except EncodingError as exc:
+            raise self._unjournaled(kind, index, response, exc) from None
         return self.run.folded.calls[self.step][str(index)]["response"]
+
+    def _unjournaled(self, kind: str, index: int, response: Any, exc: EncodingError) -> EncodingError:
+        """The error for a call that was made but whose outcome cannot be journaled: naming the call
+        and the path in its response (not the event's), and saying it was made. EncodingError is never
+        retried, so the call is not made a second time."""
+        try:
+            codec.dumps(response, what=f"response of {kind} call {index} in step {self.step!r}")
+        except EncodingError as precise:
+            exc = precise
+        return EncodingError(f"{exc} (the call was made; the step fails rather than make it again)",
+                             path=exc.path, type_name=exc.type_name)
 
     def _completed(self, kind: str, index: int, request: str, response: Any, ms: float, replayed: bool,
                    replaced: bool, effect: Any) -> dict[str, Any] | Encoded:

@@ -8,12 +8,15 @@ exception whose ``__str__`` raises. On SQLite and Postgres.
 
 from __future__ import annotations
 
-import pytest
+import datetime as dt
 
-from orchestrator import EncodingError
+import pytest
+from pydantic import BaseModel
+
+from orchestrator import EncodingError, RunNotFoundError
 from orchestrator.payload import dumps as encode_json
 from orchestrator.payload.exceptions import error_record
-from workflows import ReducerError, Workflow, reducers
+from workflows import InputError, ReducerError, Workflow, reducers
 
 
 def _kinds(orc, run_id: str) -> list[str]:
@@ -206,3 +209,127 @@ def test_reducer_errors_name_the_field_outside_the_engine_too():
     with pytest.raises(ReducerError) as raised:
         wf.reduce(state, {"n": "x"})
     assert raised.value.field == "n" and state == {"n": 1}
+
+
+# -- dict keys that are not strings (JSON would turn them into strings, or lose one of two) ---------------
+def test_int_keys_reach_the_next_step_as_returned_on_the_first_run_and_after_a_resume(orc_factory):
+    # Given a step returning dicts keyed by ints and dates, a durable call answering with int keys,
+    # and a next step that waits for a signal (so a second process drives the rest from the journal)
+    seen: list[object] = []
+    performed: list[int] = []
+    wf = Workflow("int_keys")
+
+    @wf.step(start=True)
+    def plan(ctx, state):
+        return {"by_id": {1: "a", 2: "b"}, "by_day": {dt.date(2026, 1, 2): 3}}
+
+    @wf.step
+    def lookup(ctx, state):
+        answer = ctx.durable_call("lookup", {"ids": {7: True}}, lambda: performed.append(1) or {404: "gone"})
+        seen.append((state["by_id"], state["by_day"], answer))
+        return {"answer": answer, "signal": ctx.wait_for("go")}
+
+    wf.edge("plan", "lookup")
+    first = orc_factory(wf)
+    # When it runs until the wait, and another Orchestrator sends the signal and resumes it
+    assert first.run(wf, {"given": {10: "x"}}, run_id="r1").status == "waiting"
+    second = orc_factory(wf)
+    second.signal("r1", "go", {5: "five"})
+    result = second.resume("r1")
+    # Then the step saw the keys it was given, the same on both runs, and the call was made once
+    expected = ({1: "a", 2: "b"}, {dt.date(2026, 1, 2): 3}, {404: "gone"})
+    assert seen == [expected, expected] and performed == [1]
+    assert result.status == "completed"
+    assert result.state == {"given": {10: "x"}, "by_id": {1: "a", 2: "b"}, "by_day": {dt.date(2026, 1, 2): 3},
+                            "answer": {404: "gone"}, "signal": {5: "five"}}
+    assert second.verify("r1").ok
+
+
+def test_a_dict_whose_keys_would_collide_fails_the_step_and_ends_the_run(orc_factory):
+    # Given a step returning a dict in which 1 and "1" would both be written as "1"
+    ledger: list[str] = []
+    wf = Workflow("colliding_keys")
+
+    @wf.step
+    def a(ctx, state):
+        ledger.append("a")
+        return {"items": [{"name": "x"}, {1: "a", "1": "b"}]}
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then the step failed naming the dict and the key, nothing of it was journaled, and the run ended
+    assert result.status == "failed"
+    assert "EncodingError" in result.error and "output of step 'a'" in result.error
+    assert "the dict at $.items[1] mixes string keys with the key 1 (int)" in result.error
+    assert "one entry would be lost" in result.error
+    assert _kinds(orc, "r1") == ["RunStarted", "StepFailed", "RunFailed"]
+    # And resuming it runs nothing again
+    assert orc.resume("r1").status == "failed"
+    assert ledger == ["a"]
+
+
+def test_an_input_or_signal_whose_keys_would_collide_is_refused_before_anything_is_written(orc_factory):
+    # Given a workflow waiting for a signal
+    wf = Workflow("colliding_doors")
+
+    @wf.step
+    def a(ctx, state):
+        return {"got": ctx.wait_for("go")}
+
+    orc = orc_factory(wf)
+    # When a run is started with colliding keys in its input, or with a state field that is not a string
+    # Then it is refused and no run exists
+    with pytest.raises(EncodingError, match=r"input of workflow 'colliding_doors'.*\$\.input\.m mixes string keys"):
+        orc.run(wf, {"m": {True: 1, "true": 2}}, run_id="bad")
+    with pytest.raises(InputError, match="input has a non-string key 3"):
+        orc.run(wf, {3: "x"}, run_id="bad2")
+    with pytest.raises(RunNotFoundError):
+        orc.get_run("bad")
+    with pytest.raises(RunNotFoundError):
+        orc.get_run("bad2")
+    # When a waiting run is sent a signal with colliding keys
+    assert orc.run(wf, {}, run_id="r1").status == "waiting"
+    with pytest.raises(EncodingError, match=r"data of signal 'go' cannot be journaled: the top-level dict mixes"):
+        orc.signal("r1", "go", {1: "a", "1": "b"})
+    # Then nothing was queued: a good signal is the one the step receives
+    orc.signal("r1", "go", {1: "a"})
+    assert orc.resume("r1").state == {"got": {1: "a"}}
+
+
+class _Scores(BaseModel):
+    by_id: dict[int, float] = {}
+
+
+def test_a_typed_state_keyed_by_ints_keeps_working(orc_factory):
+    # Given a typed state with a field keyed by ints
+    wf = Workflow("typed_int_keys", state=_Scores)
+
+    @wf.step
+    def score(ctx, state):
+        return {"by_id": {**state.by_id, 3: 0.5}}
+
+    orc = orc_factory(wf)
+    # When it runs / Then the model's keys are ints, and the journal holds them as ints
+    result = orc.run(wf, {"by_id": {1: 1.0}}, run_id="r1")
+    assert result.status == "completed" and result.state.by_id == {1: 1.0, 3: 0.5}
+    assert orc.history("r1")[1]["data"]["update"] == {"by_id": {1: 1.0, 3: 0.5}}
+
+
+def test_a_durable_call_whose_response_cannot_be_journaled_names_the_call_and_is_not_made_again(orc_factory):
+    # Given a step whose durable call answers with a dict mixing 1 and "1"
+    performed: list[int] = []
+    wf = Workflow("bad_response")
+
+    @wf.step
+    def a(ctx, state):
+        return {"r": ctx.durable_call("lookup", {"q": 1}, lambda: performed.append(1) or {1: "a", "1": "b"})}
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then the step fails naming the call and the path in its response, and the call was made once
+    assert result.status == "failed"
+    assert "response of lookup call 0 in step 'a' cannot be journaled: the top-level dict mixes" in result.error
+    assert "the call was made" in result.error
+    assert orc.resume("r1").status == "failed" and performed == [1]
