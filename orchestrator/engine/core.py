@@ -57,6 +57,7 @@ from orchestrator.errors import (
     SavepointError,
 )
 from orchestrator.payload import codec
+from orchestrator.payload.exceptions import error_record
 from orchestrator.payload.redact import JournalRedactor, Redactor
 from store import ConflictError, DuplicateRunError, LeaseHeldError, NewEvent, RunRecord, Store, StoreError
 from workflows import Workflow
@@ -349,14 +350,16 @@ class Engine:
                 raise  # the database or the lease is gone: nothing else can be recovered either
             except Exception as exc:
                 # Leave the run as the journal has it (for a process with its code, or a fix); say why.
-                _log.error("recover: run %s not recovered: %s: %s", run_id, type(exc).__name__, exc)
+                why = error_record(exc, with_traceback=False)  # bounded, and safe from a __str__ that raises
+                _log.error("recover: run %s not recovered: %s: %s", run_id, type(exc).__name__, why["message"])
                 try:
                     self.store.leases.release(run_id, token=token, now=cfg.clock())
                 except StoreError:
                     pass  # fenced or gone meanwhile: the lease is not ours to give back
                 rec = self.store.get_run(run_id)
                 results.append(RunResult(run_id=run_id, status=rec.status, state=None, workflow=rec.workflow,
-                                         seq=self.store.last_seq(run_id), error=f"{type(exc).__name__}: {exc}"))
+                                         seq=self.store.last_seq(run_id),
+                                         error=f"{type(exc).__name__}: {why['message']}"))
         return results
 
     def take_over(self, rec: RunRecord, *, workflow: Workflow | None = None) -> ActiveRun:

@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from orchestrator import EncodingError, RunNotFoundError
 from orchestrator.payload import dumps as encode_json
-from orchestrator.payload.exceptions import error_record
-from workflows import InputError, ReducerError, Workflow, reducers
+from orchestrator.payload.exceptions import MESSAGE_LIMIT, TRACEBACK_LIMIT, bounded, error_record
+from workflows import InputError, ReducerError, Retry, Workflow, reducers
 
 
 def _kinds(orc, run_id: str) -> list[str]:
@@ -333,3 +333,52 @@ def test_a_durable_call_whose_response_cannot_be_journaled_names_the_call_and_is
     assert "response of lookup call 0 in step 'a' cannot be journaled: the top-level dict mixes" in result.error
     assert "the call was made" in result.error
     assert orc.resume("r1").status == "failed" and performed == [1]
+
+
+# -- exception messages of any size ------------------------------------------------------------------------
+def test_a_huge_exception_message_is_journaled_bounded_keeping_its_start_and_end(orc_factory):
+    # Given a step that raises, on each of its 2 attempts, an exception whose message is 20 MB
+    # (caused by another one, as large), with recognisable start and end
+    wf = Workflow("huge_error")
+    huge = "START " + "x" * 20_000_000 + " END"
+
+    @wf.step(retry=Retry(attempts=2, initial=0.01, max_backoff=0.01, jitter=0))
+    def a(ctx, state):
+        try:
+            raise KeyError("cause " + "y" * 20_000_000)
+        except KeyError as cause:
+            raise ValueError(huge) from cause
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then every record of the failure is bounded: start and end kept, the cut said
+    assert result.status == "failed"
+    history = orc.history("r1")
+    assert [e["kind"] for e in history] == ["RunStarted", "StepFailed", "StepFailed", "RunFailed"]
+    cut = f"…[{len(huge) - MESSAGE_LIMIT:,} of {len(huge):,} characters cut]…"
+    for event in history[1:]:
+        message = event["data"]["error"]["message"]
+        assert message.startswith("START xxx") and message.endswith("xxx END") and cut in message
+        assert len(message) <= MESSAGE_LIMIT + len(cut)
+    for failed in history[1:3]:
+        tb = failed["data"]["error"]["traceback"]
+        assert len(tb) <= TRACEBACK_LIMIT + 100
+        # the frames stay: the message inside the traceback (and its cause's) is cut in the middle
+        assert "in a\n" in tb and "ValueError: START" in tb and "characters cut]" in tb
+    assert result.error.startswith("ValueError: START") and len(result.error) < MESSAGE_LIMIT + 100
+    assert orc.get_run("r1").error == result.error
+    # And the whole journal stays small
+    assert sum(len(encode_json(e["data"])) for e in history) < 100_000
+
+
+def test_a_cut_never_splits_a_key_so_redaction_still_sees_it():
+    # Given a message holding an API key exactly where the middle would be cut
+    key = "sk-" + "A" * 40
+    pad = "word " * ((MESSAGE_LIMIT // 2 - 10) // 5)
+    message = pad + key + " " + "z " * 20_000 + " " + key + " " + pad
+    # When it is bounded
+    kept = bounded(message)
+    # Then each key is kept whole or cut whole, never a fragment
+    assert kept.count("sk-") == kept.count(key)
+    assert "characters cut]" in kept and len(kept) <= MESSAGE_LIMIT + 60
