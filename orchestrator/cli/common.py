@@ -39,7 +39,7 @@ from workflows import Workflow
 __all__ = ["UsageError", "CommandError", "parse_time", "parse_json", "parse_duration", "parse_object",
            "open_orchestrator",
            "open_reader", "add_progress_flag", "add_app_flag", "app_code", "app_workflows", "app_compensations",
-           "project_config", "resolve_target", "Target", "follow_up", "held_message"]
+           "project_config", "resolve_target", "Target", "follow_up", "held_message", "parse_size"]
 
 
 class UsageError(Exception):
@@ -91,6 +91,18 @@ def parse_duration(text: str | None, what: str) -> float | None:
         why = "needs a unit" if bare else "is not a duration"
         raise UsageError(f"{what} {text!r} {why}: use a number with s, m, h, d or w (e.g. 30d, 12h, 90m, 45s)")
     return float(found.group(1)) * _UNIT[found.group(2)]
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, what: str) -> int:
+    """``1048576``, ``512k``, ``256M``, ``2GiB`` -> bytes (K, M, G, T are powers of 1024)."""
+    found = _SIZE.match(text)
+    if not found or int(found.group(1)) < 1:
+        raise UsageError(f"{what} {text!r} is not a size: use a positive number of bytes, or one with K, M, G or T "
+                         "(e.g. 512M, 2G)")
+    return int(found.group(1)) * 1024 ** (" kmgt".index(found.group(2).lower()) if found.group(2) else 0)
 
 
 def parse_object(text: str, what: str) -> dict[str, Any]:

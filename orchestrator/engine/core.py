@@ -507,9 +507,9 @@ class Engine:
                                          agentsaga_version=AGENTSAGA_VERSION, key=self.config.signing_key)
         return savepoints.write_savepoint(Path(path), doc)
 
-    def restore_savepoint(self, path: str | os.PathLike[str]) -> str:
+    def restore_savepoint(self, path: str | os.PathLike[str], *, max_bytes: int | None = None) -> str:
         """Bring a savepoint's run into this database (all or nothing); return its run id."""
-        point = savepoints.read_savepoint(Path(path), key=self.config.signing_key)
+        point = savepoints.read_savepoint(Path(path), key=self.config.signing_key, max_bytes=max_bytes)
         run = point.run
         wf = self.workflows.get(run["workflow"])
         if wf is None:
