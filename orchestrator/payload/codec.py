@@ -217,7 +217,10 @@ def _encode(encoder: json.JSONEncoder, value: Any, what: str, sort: bool = False
     if not text.isascii() and not _utf8(text):
         # A lone surrogate (from a JSON "\ud800" escape, or bytes decoded with surrogateescape) is
         # not text: no database stores it as UTF-8, so the write would fail after the step was done.
-        path, culprit = _find_surrogate(value, "$", set())
+        try:
+            path, culprit = _find_surrogate(value, "$", set())
+        except RecursionError:
+            path, culprit = _deep_path(value) or "$", "\ud800"
         raise EncodingError(f"{what} cannot be journaled: the text at {path} holds a lone surrogate "
                             f"({culprit!a}), which is not valid Unicode (decode bytes with errors='replace', "
                             "or drop the character)", path=path, type_name="str")
@@ -322,7 +325,13 @@ def loads(text: str) -> Any:
 
 def _explain(value: Any, what: str, exc: BaseException) -> EncodingError:
     """Find the first value that cannot be encoded and say where it is."""
-    path, culprit = _find_culprit(value, "$", set())
+    try:
+        path, culprit = _find_culprit(value, "$", set())
+    except RecursionError:  # the search is as deep as the value: too deep for it too
+        path = _deep_path(value)
+        where = f" (more than {_DEEP} levels at {path})" if path is not None else ""
+        return EncodingError(f"{what} cannot be journaled: it is nested too deeply to be written as JSON{where}; "
+                             "flatten it, or journal it as a string", path=path)
     if type(culprit) is _Key:
         return _key_error(what, path, culprit)
     if culprit is _CYCLE:
@@ -347,6 +356,33 @@ def _explain(value: Any, what: str, exc: BaseException) -> EncodingError:
             type_name=f"{kind.__module__}.{kind.__qualname__}",
         )
     return EncodingError(f"{what} cannot be journaled: {exc}")
+
+
+#: how deep ``_deep_path`` looks: a value this deep is past what the error is about (json's limit
+#: is the interpreter's recursion limit, less the frames already in use)
+_DEEP = 500
+
+
+def _deep_path(value: Any) -> str | None:
+    """The path of the first value nested more than ``_DEEP`` levels down (a list or dict in each),
+    shortened to its first and last levels, or None; found without recursion."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 0, ())]
+    while stack:
+        item, depth, parts = stack.pop()
+        if depth > _DEEP:
+            shown = [f".{k}" if isinstance(k, str) else f"[{k!r}]" for k in parts]
+            if len(shown) > 12:
+                shown = shown[:6] + [f"…{len(shown) - 12} levels…"] + shown[-6:]
+            return "$" + "".join(shown)
+        if isinstance(item, dict):
+            children: Any = item.items()
+        elif isinstance(item, (list, tuple)):
+            children = enumerate(item)
+        else:
+            continue
+        # The parts are shared by siblings: each level adds one key, so memory grows with the depth only.
+        stack.extend((child, depth + 1, parts + (key,)) for key, child in reversed(list(children)))
+    return None
 
 
 class _Sentinel:

@@ -382,3 +382,62 @@ def test_a_cut_never_splits_a_key_so_redaction_still_sees_it():
     # Then each key is kept whole or cut whole, never a fragment
     assert kept.count("sk-") == kept.count(key)
     assert "characters cut]" in kept and len(kept) <= MESSAGE_LIMIT + 60
+
+
+# -- values nested very deeply -------------------------------------------------------------------------------
+def _nested(levels: int) -> list:
+    top = current = []
+    for _ in range(levels):
+        inner: list = []
+        current.append(inner)
+        current = inner
+    return top
+
+
+def test_a_value_too_deep_for_json_fails_the_step_and_ends_the_run(orc_factory):
+    # Given a step returning a list nested 100,000 levels deep (JSON cannot be written that deep)
+    ledger: list[str] = []
+    wf = Workflow("too_deep")
+
+    @wf.step
+    def a(ctx, state):
+        ledger.append("a")
+        return {"x": _nested(100_000)}
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then the step failed with an EncodingError saying so (not a RecursionError out of run), and
+    # the run ended instead of staying running
+    assert result.status == "failed" and orc.get_run("r1").status == "failed"
+    assert "EncodingError: output of step 'a' cannot be journaled: it is nested too deeply" in result.error
+    assert "more than 500 levels at $.x[0][0]" in result.error
+    assert _kinds(orc, "r1") == ["RunStarted", "StepFailed", "RunFailed"]
+    assert orc.resume("r1").status == "failed" and ledger == ["a"]
+    # And an input as deep is refused before anything is written
+    with pytest.raises(EncodingError, match="input of workflow 'too_deep' cannot be journaled: it is nested too deeply"):
+        orc.run(wf, {"x": _nested(100_000)}, run_id="r2")
+    with pytest.raises(RunNotFoundError):
+        orc.get_run("r2")
+
+
+def test_a_deep_value_the_journal_holds_is_routed_snapshotted_and_verified(orc_factory):
+    # Given a routed step returning a list nested 700 levels deep (JSON holds it; a recursive copy
+    # of two frames a level would not), with a snapshot after every event
+    wf = Workflow("deep_ok")
+
+    @wf.step
+    def a(ctx, state):
+        return {"x": _nested(700)}
+
+    @wf.step
+    def b(ctx, state):
+        return {"depth_seen": True}
+
+    wf.route("a", lambda state: "b", targets=["b"])
+    orc = orc_factory(wf, snapshot_every=1)
+    # When it runs / Then it completes, and its snapshots verify against the journal
+    result = orc.run(wf, {}, run_id="r1")
+    assert result.status == "completed", result.error
+    assert result.state["depth_seen"] is True
+    assert orc.verify("r1").ok
