@@ -31,6 +31,7 @@ from orchestrator.audit.stats import Stats
 from orchestrator.audit.summary import RunSummary
 from orchestrator.audit.verify import VerifyReport
 from orchestrator.engine.config import EngineConfig, default_owner
+from orchestrator.engine.names import name_problem, shown
 from orchestrator.engine.queues import DEFAULT_QUEUE, Queues
 from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.result import RunResult
@@ -114,6 +115,8 @@ class Orchestrator:
         signing_key: bytes | str | None = None,
     ) -> None:
         _check_options(snapshot_every, keep_snapshots, lease_ttl, heartbeat)
+        if owner is not None and (problem := name_problem(owner)) is not None:
+            raise ConfigurationError(f"owner must be {problem}, got {shown(owner)}")
         if incremental_snapshots is not None and (isinstance(incremental_snapshots, bool)
                                                   or not isinstance(incremental_snapshots, int)
                                                   or incremental_snapshots < 1):

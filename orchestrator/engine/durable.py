@@ -38,6 +38,7 @@ from typing import Any
 from orchestrator.engine.context import CALL_INDEX
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, Encoded, JournalWriter
+from orchestrator.engine.names import name_problem, shown
 from orchestrator.errors import (
     CallChangedError,
     CallFailedError,
@@ -305,8 +306,8 @@ class DurableExecution:
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"wait_for needs a signal name, got {name!r}")
+        if (problem := name_problem(name)) is not None:
+            raise ValueError(f"wait_for's signal name must be {problem}, got {shown(name)}")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"wait_for timeout must be a number of seconds >= 0, got {timeout!r}")
         folded, key = self.run.folded, f"{self.step}:{name}"

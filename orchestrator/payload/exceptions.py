@@ -88,9 +88,12 @@ def _traceback_parts(exc: BaseException) -> list[str]:
 
 
 def _storable(text: str) -> str:
-    """``text`` with any lone surrogate written as its escape: an error message is a record of what
-    went wrong, and one the journal could not store (UTF-8 cannot hold a lone surrogate) would turn
-    the failure into a second one."""
+    """``text`` with any lone surrogate or NUL written as its escape: an error message is a record
+    of what went wrong, and one the database could not store (UTF-8 cannot hold a lone surrogate,
+    and a Postgres text column, the run's error, cannot hold a NUL) would turn the failure into a
+    second one, leaving the run as it was."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
     if text.isascii():
         return text
     try:
