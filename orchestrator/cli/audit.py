@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from orchestrator._orchestrator import Orchestrator
 from orchestrator.payload import codec
@@ -252,7 +253,8 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 
 # -- savepoint / restore ---------------------------------------------------------------------------
 def cmd_savepoint(args: argparse.Namespace) -> int:
-    out = args.out or f"{args.run_id}.{args.name}.savepoint.json.gz"
+    # The run id and name quoted, as archive does: "../x" or "a/b" must not pick another directory.
+    out = args.out or f"{quote(args.run_id, safe='')}.{quote(args.name, safe='')}.savepoint.json.gz"
     with open_reader(args) as orc:
         path = orc.savepoint(args.run_id, name=args.name, path=out)
         signed = orc.engine.config.signing_key is not None
@@ -442,7 +444,8 @@ def add_audit_verbs(verb: Verb) -> None:
                                          "$AGENTSAGA_SIGNING_KEY when set)")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--name", required=True, metavar="NAME", help="the savepoint's name")
-    p.add_argument("--out", metavar="FILE", help="where to write it (default: RUN.NAME.savepoint.json.gz)")
+    p.add_argument("--out", metavar="FILE", help="where to write it (default: RUN.NAME.savepoint.json.gz in the working directory, "
+                        "RUN and NAME URL-quoted)")
 
     p = verb("restore", cmd_restore, "bring a savepoint file's run into the database (all or nothing)")
     p.add_argument("file", metavar="FILE")

@@ -359,3 +359,25 @@ def test_recover_with_no_unfinished_runs_says_there_is_nothing_to_recover(projec
     # When recover runs, then it says there is nothing to recover
     done = agentsaga(project, "recover", "--app", "flows.py", "--db", db_url)
     assert (done.returncode, done.stdout) == (0, "no interrupted runs to recover\n"), done.stderr
+
+
+def test_a_savepoints_default_file_stays_in_the_working_directory_whatever_the_run_id(project, tmp_path):
+    # Given finished runs whose ids hold path separators
+    source = f"sqlite:///{tmp_path / 'source.db'}"
+    finished_run(project, source, run_id="../escape")
+    finished_run(project, source, run_id="sub/dir")
+    outside = sorted(p.name for p in project.parent.iterdir())
+    # When each is saved without --out, under a name holding a separator too
+    for run_id in ("../escape", "sub/dir"):
+        done = agentsaga(project, "savepoint", run_id, "--name", "v/1", "--db", source)
+        assert done.returncode == 0, done.stderr
+    # Then both files are in the working directory, named with the id and name URL-quoted,
+    # and nothing was written beside it
+    assert sorted(p.name for p in project.glob("*.savepoint.json.gz")) == [
+        "..%2Fescape.v%2F1.savepoint.json.gz", "sub%2Fdir.v%2F1.savepoint.json.gz"]
+    assert sorted(p.name for p in project.parent.iterdir()) == outside
+    # And each restores as the run it holds
+    done = agentsaga(project, "restore", "..%2Fescape.v%2F1.savepoint.json.gz", "--app", "flows.py",
+                     "--db", "sqlite:///new.db")
+    assert done.returncode == 0, done.stderr
+    assert run_ids(f"sqlite:///{project / 'new.db'}") == ["../escape"]
