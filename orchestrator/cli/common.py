@@ -64,11 +64,31 @@ def parse_time(text: str | None) -> float | None:
 
 def parse_json(text: str, what: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_not_json)
+        return json.loads(text, parse_constant=_not_json, object_pairs_hook=_no_repeated_keys)
+    except _RepeatedKey as repeated:
+        raise UsageError(f"{what} gives the key {repeated.key!r} twice in one object; JSON would keep only the "
+                         "last value: give it once") from None
     except ValueError as exc:  # json.JSONDecodeError, or a constant JSON does not have
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
         raise UsageError(f"{what} is nested too deeply to be read as JSON") from None
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # {"n": 1, "n": 2} is JSON that json reads as {"n": 2}: what was typed would be lost without a word.
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return made
 
 
 def _not_json(constant: str) -> Any:
