@@ -28,6 +28,7 @@ import asyncio
 import difflib
 import inspect
 import json
+import math
 import os
 import queue
 import threading
@@ -308,8 +309,9 @@ class DurableExecution:
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         if (problem := name_problem(name)) is not None:
             raise ValueError(f"wait_for's signal name must be {problem}, got {shown(name)}")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"wait_for timeout must be a number of seconds >= 0, got {timeout!r}")
+        if timeout is not None and not _seconds(timeout):
+            raise ValueError(f"wait_for timeout must be a finite number of seconds >= 0 (None: no timeout), "
+                             f"got {timeout!r}")
         folded, key = self.run.folded, f"{self.step}:{name}"
         if key in folded.received:
             return folded.received[key]
@@ -331,8 +333,8 @@ class DurableExecution:
 
     # timers
     def sleep(self, seconds: float) -> None:
-        if not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"ctx.sleep needs a number of seconds >= 0, got {seconds!r}")
+        if not _seconds(seconds):
+            raise ValueError(f"ctx.sleep needs a finite number of seconds >= 0, got {seconds!r}")
         index = self._timers
         self._timers += 1
         now = self.clock()
@@ -469,3 +471,10 @@ def _changed(step: str, index: int, prior: Mapping[str, Any], kind: str, request
             "since it ran, and performing it again could pay twice. Pass if_changed='perform' to that call to "
             "perform the new request (journaled as replacing the old one), or restore the code.\n"
             + "\n".join(diff))
+
+
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a duration a timer can be journaled with: a finite number >= 0 (not a
+    bool). NaN or infinity would reach the journal as a wake-up time JSON cannot hold."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value >= 0)

@@ -441,3 +441,29 @@ def test_a_deep_value_the_journal_holds_is_routed_snapshotted_and_verified(orc_f
     assert result.status == "completed", result.error
     assert result.state["depth_seen"] is True
     assert orc.verify("r1").ok
+
+
+# -- durations a timer cannot be journaled with -------------------------------------------------------------
+@pytest.mark.parametrize("call, said", [
+    (lambda ctx: ctx.sleep(float("nan")), "ctx.sleep needs a finite number of seconds >= 0, got nan"),
+    (lambda ctx: ctx.sleep(float("inf")), "ctx.sleep needs a finite number of seconds >= 0, got inf"),
+    (lambda ctx: ctx.sleep(True), "ctx.sleep needs a finite number of seconds >= 0, got True"),
+    (lambda ctx: ctx.wait_for("go", timeout=float("nan")), "wait_for timeout must be a finite number"),
+    (lambda ctx: ctx.wait_for("go", timeout=float("inf")), "(None: no timeout), got inf"),
+], ids=["sleep nan", "sleep inf", "sleep True", "wait nan", "wait inf"])
+def test_a_timer_of_nan_or_infinite_seconds_fails_the_step_instead_of_stranding_the_run(orc_factory, call, said):
+    # Given a step that sleeps or waits for a duration JSON cannot hold
+    wf = Workflow("bad_timer")
+
+    @wf.step
+    def a(ctx, state):
+        call(ctx)
+        return {}
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then the step failed naming the call and the value, and the run ended: nothing left running
+    assert result.status == "failed" and orc.get_run("r1").status == "failed"
+    assert "ValueError" in result.error and said in result.error
+    assert _kinds(orc, "r1") == ["RunStarted", "StepFailed", "RunFailed"]
