@@ -72,6 +72,7 @@ from typing import Any
 import pydantic
 
 from orchestrator.errors import ToolError, ToolLoopLimitError
+from orchestrator.payload.exceptions import error_record
 
 __all__ = ["ToolRegistry", "AgentTool", "ToolContext", "LoopResult", "ToolLoopLimitError",
            "run_tool_loop", "arun_tool_loop", "TOOL_EFFECTS"]
@@ -355,7 +356,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _failed(exc: Exception) -> dict[str, Any]:
-    return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    # Bounded: the error goes to the model and into the journal with the next model call's request.
+    return {"ok": False, "error": f"{type(exc).__name__}: {error_record(exc, with_traceback=False)['message']}"}
 
 
 def _too_many(ctx: Any, max_iterations: int, last: Sequence[Any]) -> ToolLoopLimitError:

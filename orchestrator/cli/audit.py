@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from orchestrator._orchestrator import Orchestrator
 from orchestrator.payload import codec
@@ -38,6 +39,7 @@ from orchestrator.cli.common import (
     open_orchestrator,
     open_reader,
     parse_duration,
+    parse_size,
     signing_key,
 )
 from orchestrator.audit.describe import details, headline
@@ -283,7 +285,8 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 
 # -- savepoint / restore ---------------------------------------------------------------------------
 def cmd_savepoint(args: argparse.Namespace) -> int:
-    out = args.out or f"{args.run_id}.{args.name}.savepoint.json.gz"
+    # The run id and name quoted, as archive does: "../x" or "a/b" must not pick another directory.
+    out = args.out or f"{quote(args.run_id, safe='')}.{quote(args.name, safe='')}.savepoint.json.gz"
     with open_reader(args) as orc:
         path = orc.savepoint(args.run_id, name=args.name, path=out)
         signed = orc.engine.config.signing_key is not None
@@ -302,14 +305,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from orchestrator.engine.savepoints import read_savepoint  # here: --help must stay light
 
     key = signing_key()
-    point = read_savepoint(Path(args.file), key=key.encode() if key is not None else None)
+    max_bytes = parse_size(args.max_size, "--max-size") if args.max_size is not None else None
+    point = read_savepoint(Path(args.file), key=key.encode() if key is not None else None, max_bytes=max_bytes)
     workflows = app_workflows(args)
     if not any(wf.name == point.run["workflow"] for wf in workflows):
         known = ", ".join(sorted({wf.name for wf in workflows})) or "none"
         raise SavepointError(f"savepoint {args.file!r} holds a run of workflow {point.run['workflow']!r}, which is "
                              f"not registered here (registered: {known}); register it (--app) to restore the run")
     with open_orchestrator(args, app=True) as orc:  # the app is imported once: the same workflows
-        run_id = orc.restore(args.file)  # the engine reads the file again: it checks what it writes
+        run_id = orc.restore(args.file, max_bytes=max_bytes)  # read again: the engine checks what it writes
         rec = orc.get_run(run_id)
     if args.json:
         print(json_line({"run_id": run_id, "status": rec.status, "workflow": rec.workflow}))
@@ -472,10 +476,13 @@ def add_audit_verbs(verb: Verb) -> None:
                                          "$AGENTSAGA_SIGNING_KEY when set)")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--name", required=True, metavar="NAME", help="the savepoint's name")
-    p.add_argument("--out", metavar="FILE", help="where to write it (default: RUN.NAME.savepoint.json.gz)")
+    p.add_argument("--out", metavar="FILE", help="where to write it (default: RUN.NAME.savepoint.json.gz in the working directory, "
+                        "RUN and NAME URL-quoted)")
 
     p = verb("restore", cmd_restore, "bring a savepoint file's run into the database (all or nothing)")
     p.add_argument("file", metavar="FILE")
+    p.add_argument("--max-size", metavar="SIZE",
+                   help="refuse a file that decompresses to more than this (e.g. 512M, 2G; default 256M)")
     add_app_flag(p)
 
     p = verb("archive", cmd_archive, "move finished runs older than a duration into savepoint files")

@@ -35,6 +35,7 @@ import asyncio
 import difflib
 import inspect
 import json
+import math
 import os
 import queue
 import threading
@@ -45,10 +46,12 @@ from typing import Any
 from orchestrator.engine.context import CALL_SCOPE, CallScope
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, Encoded, JournalWriter
+from orchestrator.engine.names import name_problem, shown
 from orchestrator.errors import (
     CallChangedError,
     CallFailedError,
     CircuitOpenError,
+    EncodingError,
     PermanentToolError,
     RetryableToolError,
     ToolError,
@@ -207,15 +210,32 @@ class DurableExecution:
 
     def _record(self, kind: str, position: Position, request: str, response: Any, ms: float, *,
                 replayed: bool = False, replaced: bool = False, effect: Any = None) -> Any:
-        self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(
-            kind, position, request, response, ms, replayed, replaced, effect))])
+        try:
+            self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(
+                kind, position, request, response, ms, replayed, replaced, effect))])
+        except EncodingError as exc:
+            raise self._unjournaled(kind, position, response, exc) from None
         return self.run.folded.calls[self.step][str(position)]["response"]
 
     async def _arecord(self, kind: str, position: Position, request: str, response: Any, ms: float, *,
                        replaced: bool = False, effect: Any = None) -> Any:
-        data = self._completed(kind, position, request, response, ms, False, replaced, effect)
-        await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
+        try:
+            data = self._completed(kind, position, request, response, ms, False, replaced, effect)
+            await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
+        except EncodingError as exc:
+            raise self._unjournaled(kind, position, response, exc) from None
         return self.run.folded.calls[self.step][str(position)]["response"]
+
+    def _unjournaled(self, kind: str, position: Position, response: Any, exc: EncodingError) -> EncodingError:
+        """The error for a call that was made but whose outcome cannot be journaled: naming the call
+        and the path in its response (not the event's), and saying it was made. EncodingError is never
+        retried, so the call is not made a second time."""
+        try:
+            codec.dumps(response, what=f"response of {kind} call {position} in step {self.step!r}")
+        except EncodingError as precise:
+            exc = precise
+        return EncodingError(f"{exc} (the call was made; the step fails rather than make it again)",
+                             path=exc.path, type_name=exc.type_name)
 
     def _completed(self, kind: str, position: Position, request: str, response: Any, ms: float, replayed: bool,
                    replaced: bool, effect: Any) -> dict[str, Any] | Encoded:
@@ -313,10 +333,11 @@ class DurableExecution:
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"wait_for needs a signal name, got {name!r}")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"wait_for timeout must be a number of seconds >= 0, got {timeout!r}")
+        if (problem := name_problem(name)) is not None:
+            raise ValueError(f"wait_for's signal name must be {problem}, got {shown(name)}")
+        if timeout is not None and not _seconds(timeout):
+            raise ValueError(f"wait_for timeout must be a finite number of seconds >= 0 (None: no timeout), "
+                             f"got {timeout!r}")
         folded, key = self.run.folded, f"{self.step}:{name}"
         if key in folded.received:
             return folded.received[key]
@@ -338,8 +359,8 @@ class DurableExecution:
 
     # timers
     def sleep(self, seconds: float) -> None:
-        if not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"ctx.sleep needs a number of seconds >= 0, got {seconds!r}")
+        if not _seconds(seconds):
+            raise ValueError(f"ctx.sleep needs a finite number of seconds >= 0, got {seconds!r}")
         # A timer inside a durable call is numbered under it, as a call would be: when that call is
         # answered from the journal the timer is not reached, and later timers keep their numbers.
         scope = CALL_SCOPE.get()
@@ -491,3 +512,10 @@ def _changed(step: str, position: Position, prior: Mapping[str, Any], kind: str,
             "since it ran, and performing it again could pay twice. Pass if_changed='perform' to that call to "
             "perform the new request (journaled as replacing the old one), or restore the code.\n"
             + "\n".join(diff))
+
+
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a duration a timer can be journaled with: a finite number >= 0 (not a
+    bool). NaN or infinity would reach the journal as a wake-up time JSON cannot hold."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value >= 0)
