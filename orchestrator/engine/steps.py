@@ -329,6 +329,11 @@ class StepRunner:
             return None  # no key left: nothing the engine can see reached the world
         if refused(exc, ctx):
             return None
+        if any(e["step"] == name and e["tick"] == folded.tick and e["call"] != -1 for e in folded.effects):
+            # Its effects were journaled call by call (a tool loop's effect tools, durable calls with
+            # ``effect=``): the step's key was read to derive theirs, each completed one is in the
+            # journal and compensated with the run, so the step's own key is no effect of its own.
+            return None
         return {"key": key, "reason": f"its idempotency key had left the process, and it failed with "
                                       f"{type(exc).__name__}: the service may have acted before the failure"}
 
