@@ -1,9 +1,17 @@
 """The explorer's workflows and their scenarios (what the outside world does while they wait).
 
 Together they use retries, several requests per effect, parallel branches with a join, waits and
-signals, a durable timer, compensation, rollback and the tool-calling loop. Every booking body
+signals, a durable timer, compensation, rollback, a failure route with a router and the tool-calling loop. Every booking body
 names its logical request (``{"room": "A"}``, ``{"hold": "v2"}``), independently of the engine's
 keys, so the booking service's ledger can tell a duplicated effect from a new one.
+
+Every flow but ``agent`` comes in three *variants*, which only change the rule that settles an effect
+left in doubt by a crash (docs/sagas.md, "In-doubt effects"): ``resend`` (its effect steps declare
+``resend=True``: what the sweeps of test_sweep.py run), ``check`` (a ``check`` hook looks the step's
+bookings up in the service's ledger, ``GET /ledger``, by the keys ``ctx.http`` sends) and
+``default`` (neither: an effect whose key had not left the process when it crashed is failed as in
+doubt with ``InDoubtError``). ``FLOWS[name](world, variant=...)``; ``agent``'s step hands its
+bookings to a tool loop whose update only the loop can build, so it has no ``check`` variant.
 
 The ``fanout`` flow's parallel branches are async steps that talk to the world with the sync
 ``ctx.http`` (the loop is not yielded inside them), so the order of its crash points is the same on
@@ -14,7 +22,10 @@ close over that exploration's world (service URL, clock, execution ledger).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import httpx
 
 from orchestrator import Orchestrator, RunResult
 from orchestrator.agents import LLM, ToolContext, ToolRegistry, run_tool_loop
@@ -22,11 +33,17 @@ from orchestrator.testing import Reply, reply
 from workflows import END, Retry, Workflow, reducers
 
 
+#: the in-doubt rules an effect step can follow (see the module docstring)
+VARIANTS = ("resend", "check", "default")
+
+
 class Flow:
     """A workflow, its input, the status an uninterrupted run ends in, and its outside world."""
 
     workflow: Workflow
     status: str
+    #: the variants the flow comes in
+    variants: tuple[str, ...] = VARIANTS
 
     def input(self, world: Any) -> dict[str, Any]:
         return {}
@@ -37,6 +54,47 @@ class Flow:
     def outside(self, world: Any, orc: Orchestrator, run_id: str) -> RunResult:
         """The run waits: act as the outside world does, and continue it."""
         raise AssertionError(f"workflow {self.workflow.name!r} does not wait")
+
+    @classmethod
+    def doubt_routed(cls, state: dict[str, Any], step: str) -> dict[str, Any]:
+        """The final state when ``step``'s effect, failed as in doubt, took its failure route (the
+        uninterrupted run ended in ``state``)."""
+        raise AssertionError(f"{cls.__name__} has no failure route from an effect")
+
+
+def rule(variant: str, check: Callable[..., Any]) -> dict[str, Any]:
+    """The options an effect step declares in ``variant``: how an attempt left in doubt is settled."""
+    if variant == "resend":
+        return {"resend": True}
+    if variant == "check":
+        return {"check": check}
+    if variant == "default":
+        return {}
+    raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def booked(world: Any, ctx: Any, *bodies: dict[str, Any]) -> list[str] | None:
+    """A check hook's look-up: the ids of the bookings a step's requests made, found in the service's
+    ledger (``GET /ledger``, an outgoing call of the process that recovers) by the key ``ctx.http``
+    sent with each (request i of the execution carries ``key`` for i == 0, else ``key:i``); None when
+    one of them is not there (the step then runs again with the same key, and the requests that
+    went out are answered from the journal or replayed by the service).
+
+    A booking under one of those keys for another request is not this step's: the hook raises
+    (the engine then fails the step as in doubt, visibly)."""
+    key = ctx.idempotency_key
+    entries = httpx.get(f"{world.api}/ledger", timeout=30.0).json()
+    made = {e["idempotency_key"]: e for e in entries if e["action"] == "book"}
+    ids = []
+    for i, body in enumerate(bodies):
+        entry = made.get(key if i == 0 else f"{key}:{i}")
+        if entry is None:
+            return None
+        if entry["body"] != body:
+            raise RuntimeError(f"the booking made with key {entry['idempotency_key']!r} is {entry['body']}, "
+                               f"not this step's request {body}")
+        ids.append(entry["id"])
+    return ids
 
 
 def _cancel(world: Any, kind: str, field: str):
@@ -54,24 +112,36 @@ class Trip(Flow):
 
     status = "compensated"
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("trip", version="1")
 
-        @wf.step(start=True, effect=True, resend=True, compensate=_cancel(world, "flights", "flight"))
+        def flight_done(ctx, state):
+            found = booked(world, ctx, {"flight": "LIS"})
+            return found and {"flight": found[0]}
+
+        def rooms_done(ctx, state):
+            found = booked(world, ctx, {"room": "A"}, {"room": "B"})
+            return found and {"rooms": found}
+
+        def pay_done(ctx, state):
+            found = booked(world, ctx, {"amount": 420})
+            return found and {"payment": found[0]}
+
+        @wf.step(start=True, effect=True, compensate=_cancel(world, "flights", "flight"), **rule(variant, flight_done))
         def flight(ctx, state):
             world.executed(ctx)
             booked = ctx.http.post(f"{world.api}/flights", json={"flight": "LIS"}).json()
             return {"flight": booked["id"]}
 
-        @wf.step(effect=True, resend=True, compensate=_cancel(world, "hotels", "rooms"))
+        @wf.step(effect=True, compensate=_cancel(world, "hotels", "rooms"), **rule(variant, rooms_done))
         def rooms(ctx, state):
             world.executed(ctx)
             a = ctx.http.post(f"{world.api}/hotels", json={"room": "A"}).json()["id"]
             b = ctx.http.post(f"{world.api}/hotels", json={"room": "B"}).json()["id"]
             return {"rooms": [a, b]}
 
-        @wf.step(effect=True, resend=True, compensate=_cancel(world, "payments", "payment"),
-                 retry=Retry(attempts=3, initial=5.0, jitter=False))
+        @wf.step(effect=True, compensate=_cancel(world, "payments", "payment"),
+                 retry=Retry(attempts=3, initial=5.0, jitter=False), **rule(variant, pay_done))
         def pay(ctx, state):
             world.executed(ctx)
             paid = ctx.http.post(f"{world.api}/payments", json={"amount": 420}).json()
@@ -97,15 +167,19 @@ class Fanout(Flow):
 
     status = "completed"
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("fanout", version="1", reducers={"log": reducers.append})
+
+        def car_done(ctx, state):
+            found = booked(world, ctx, {"car": "compact"})
+            return found and {"car": found[0], "log": "car"}
 
         @wf.step(start=True)
         def plan(ctx, state):
             world.executed(ctx)
             return {"log": "plan"}
 
-        @wf.step(effect=True, resend=True)
+        @wf.step(effect=True, **rule(variant, car_done))
         async def car(ctx, state):
             world.executed(ctx)
             booked = ctx.http.post(f"{world.api}/cars", json={"car": "compact"}).json()
@@ -136,20 +210,28 @@ class Threads(Flow):
 
     status = "completed"
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("threads", version="1")
+
+        def outbound_done(ctx, state):
+            found = booked(world, ctx, {"flight": "out"})
+            return found and {"flight": found[0]}
+
+        def rental_done(ctx, state):
+            found = booked(world, ctx, {"car": "rental"})
+            return found and {"car": found[0]}
 
         @wf.step(start=True)
         def split(ctx, state):
             world.executed(ctx)
             return {}
 
-        @wf.step(effect=True, resend=True)
+        @wf.step(effect=True, **rule(variant, outbound_done))
         def outbound(ctx, state):
             world.executed(ctx)
             return {"flight": ctx.http.post(f"{world.api}/flights", json={"flight": "out"}).json()["id"]}
 
-        @wf.step(effect=True, resend=True)
+        @wf.step(effect=True, **rule(variant, rental_done))
         def rental(ctx, state):
             world.executed(ctx)
             return {"car": ctx.http.post(f"{world.api}/cars", json={"car": "rental"}).json()["id"]}
@@ -174,8 +256,12 @@ class Approval(Flow):
 
     status = "completed"
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("approval", version="1")
+
+        def hold_done(ctx, state):
+            found = booked(world, ctx, {"hold": state["draft"]})
+            return found and {"hold": found[0]}
 
         @wf.step(start=True, retry=Retry(attempts=3, initial=2.0, jitter=False))
         def draft(ctx, state):
@@ -184,7 +270,7 @@ class Approval(Flow):
             text = ctx.durable_call("writer", {"version": version}, lambda: world.flaky("writer", f"draft {version}"))
             return {"draft": version, "text": text}
 
-        @wf.step(effect=True, resend=True, compensate=_cancel(world, "hotels", "hold"))
+        @wf.step(effect=True, compensate=_cancel(world, "hotels", "hold"), **rule(variant, hold_done))
         def hold(ctx, state):
             world.executed(ctx)
             held = ctx.http.post(f"{world.api}/hotels", json={"hold": state["draft"]}).json()
@@ -233,8 +319,11 @@ class Agent(Flow):
     cancelled by a later step and the saga undoes the tools' bookings newest first."""
 
     status = "compensated"
+    variants = ("resend", "default")
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
+        if variant not in self.variants:
+            raise ValueError(f"the agent flow comes in the variants {self.variants}, not {variant!r}")
         tools = ToolRegistry()
         api = world.api
 
@@ -249,7 +338,7 @@ class Agent(Flow):
         llm = LLM(base_url=world.chat_url, model="scripted", max_attempts=1, breaker=False)
         wf = Workflow("agent", version="1")
 
-        @wf.step(start=True, effect=True, resend=True, compensate=tools.compensate)
+        @wf.step(start=True, effect=True, compensate=tools.compensate, **({"resend": True} if variant == "resend" else {}))
         def reserve(ctx, state):
             world.executed(ctx)
             out = run_tool_loop(ctx, llm, "book two venues", tools)
@@ -265,6 +354,65 @@ class Agent(Flow):
         self.workflow = wf
 
 
+class Order(Flow):
+    """A failure route and a router: a car is reserved (an effect), the payment (an effect) is
+    declined by the bank (402, a permanent error), so the payment step takes its failure route to
+    ``invoice``, which records why it was reached; ``invoice``'s router (journaled with its
+    completion, never asked again on replay) sends the order on to ``notify``. An effect of ``pay``
+    left in doubt takes the same route, and ``invoice`` records ``InDoubtError``."""
+
+    status = "completed"
+
+    def __init__(self, world: Any, variant: str = "resend") -> None:
+        wf = Workflow("order", version="1")
+
+        def reserve_done(ctx, state):
+            found = booked(world, ctx, {"car": "order"})
+            return found and {"car": found[0]}
+
+        def pay_done(ctx, state):
+            found = booked(world, ctx, {"amount": 35})
+            return found and {"payment": found[0]}
+
+        @wf.step(start=True, effect=True, compensate=_cancel(world, "cars", "car"), **rule(variant, reserve_done))
+        def reserve(ctx, state):
+            world.executed(ctx)
+            return {"car": ctx.http.post(f"{world.api}/cars", json={"car": "order"}).json()["id"]}
+
+        @wf.step(effect=True, compensate=_cancel(world, "payments", "payment"), on_failure="invoice",
+                 **rule(variant, pay_done))
+        def pay(ctx, state):
+            world.executed(ctx)
+            return {"payment": ctx.http.post(f"{world.api}/payments", json={"amount": 35}).json()["id"]}
+
+        @wf.step()
+        def invoice(ctx, state):
+            world.executed(ctx)
+            return {"invoice": {"step": ctx.failure["step"], "error": ctx.failure["type"]}, "invoiced_at": ctx.tick}
+
+        @wf.step()
+        def notify(ctx, state):
+            world.executed(ctx)
+            return {"notified": state["invoice"]["error"]}
+
+        def after_invoice(state):
+            world.routed("invoice", state["invoiced_at"])
+            return "notify"
+
+        wf.edge("reserve", "pay")
+        wf.route("invoice", after_invoice, targets=["notify"])
+        wf.edge("notify", END)
+        self.workflow = wf
+
+    def prepare(self, world: Any) -> None:
+        world.service.fail_payments(402)  # the card is declined, every time: the failure route is taken
+
+    @classmethod
+    def doubt_routed(cls, state: dict[str, Any], step: str) -> dict[str, Any]:
+        doubt = "orchestrator.errors.InDoubtError"
+        return {**state, "invoice": {"step": step, "error": doubt}, "notified": doubt}
+
+
 def chat_script(request: dict[str, Any], n: int) -> Any:
     """The model, answering from the conversation: the same answers whatever was replayed before."""
     if any(m.get("role") == "tool" for m in request.get("messages", [])):
@@ -274,4 +422,4 @@ def chat_script(request: dict[str, Any], n: int) -> Any:
 
 
 FLOWS: dict[str, type[Flow]] = {"trip": Trip, "fanout": Fanout, "threads": Threads, "approval": Approval,
-                                "agent": Agent}
+                                "agent": Agent, "order": Order}
