@@ -249,10 +249,12 @@ class Threads(Flow):
 
 
 class Approval(Flow):
-    """A draft (its writer fails once: the step retries) held at a hotel, waiting for a human's
-    approval: the reviewer first rolls it back with feedback (the hold is cancelled, a second draft
-    is made and held), then approves; a durable timer cools off before the draft is published
-    through ``ctx.http`` from a plain step."""
+    """A draft (its writer fails once: the step retries) held at a hotel against a deposit (one
+    effect step, two requests), waiting for a human's approval: the reviewer first rolls it back with
+    feedback (the deposit is returned and the hold cancelled, a second draft is made and held), then
+    approves; a durable timer cools off before the draft is published through ``ctx.http`` from a
+    plain step. After the rollback, the hold's requests need keys of their own: neither the first
+    hold's keys (``key``, ``key:1``) nor each other's."""
 
     status = "completed"
 
@@ -260,8 +262,12 @@ class Approval(Flow):
         wf = Workflow("approval", version="1")
 
         def hold_done(ctx, state):
-            found = booked(world, ctx, {"hold": state["draft"]})
-            return found and {"hold": found[0]}
+            found = booked(world, ctx, {"hold": state["draft"]}, {"deposit": state["draft"]})
+            return found and {"hold": found[0], "deposit": found[1]}
+
+        def release(ctx, effect):  # newest first: the deposit back, then the hold
+            ctx.http.delete(f"{world.api}/payments/{effect.result['deposit']}")
+            ctx.http.delete(f"{world.api}/hotels/{effect.result['hold']}")
 
         @wf.step(start=True, retry=Retry(attempts=3, initial=2.0, jitter=False))
         def draft(ctx, state):
@@ -270,11 +276,12 @@ class Approval(Flow):
             text = ctx.durable_call("writer", {"version": version}, lambda: world.flaky("writer", f"draft {version}"))
             return {"draft": version, "text": text}
 
-        @wf.step(effect=True, compensate=_cancel(world, "hotels", "hold"), **rule(variant, hold_done))
+        @wf.step(effect=True, compensate=release, **rule(variant, hold_done))
         def hold(ctx, state):
             world.executed(ctx)
             held = ctx.http.post(f"{world.api}/hotels", json={"hold": state["draft"]}).json()
-            return {"hold": held["id"]}
+            deposit = ctx.http.post(f"{world.api}/payments", json={"deposit": state["draft"]}).json()
+            return {"hold": held["id"], "deposit": deposit["id"]}
 
         @wf.step()
         def approve(ctx, state):
