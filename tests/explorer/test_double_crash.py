@@ -45,7 +45,7 @@ from explorer_select import FULL, SEED, only, sample
 FIRSTS = 2
 #: the successor's crash points per first point: one among its first EARLY points (where it takes
 #: the run over and settles what was in flight), the others anywhere
-SECONDS = 3
+SECONDS = 2
 EARLY = 8
 
 CASES = [(name, variant) for name in sorted(FLOWS) for variant in FLOWS[name].variants]
