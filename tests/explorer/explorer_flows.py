@@ -1,23 +1,26 @@
 """The explorer's workflows and their scenarios (what the outside world does while they wait).
 
 Together they use retries, several requests per effect, parallel branches with a join, waits and
-signals, a durable timer, compensation, rollback, a failure route with a router and the tool-calling loop. Every booking body
-names its logical request (``{"room": "A"}``, ``{"hold": "v2"}``), independently of the engine's
-keys, so the booking service's ledger can tell a duplicated effect from a new one.
+signals, a durable timer, compensation, rollback, a failure route with a router and the
+tool-calling loop. Every booking body names its logical request (``{"room": "A"}``,
+``{"hold": "v2"}``), independently of the engine's keys, so the booking service's ledger can tell a
+duplicated effect from a new one.
 
 Every flow but ``agent`` comes in three *variants*, which only change the rule that settles an effect
 left in doubt by a crash (docs/sagas.md, "In-doubt effects"): ``resend`` (its effect steps declare
 ``resend=True``: what the sweeps of test_sweep.py run), ``check`` (a ``check`` hook looks the step's
 bookings up in the service's ledger, ``GET /ledger``, by the keys ``ctx.http`` sends) and
-``default`` (neither: an effect whose key had not left the process when it crashed is failed as in
-doubt with ``InDoubtError``). ``FLOWS[name](world, variant=...)``; ``agent``'s step hands its
-bookings to a tool loop whose update only the loop can build, so it has no ``check`` variant.
+``default`` (neither: an effect whose intent was durable when the process died, and whose key had
+not been journaled as issued, is failed as in doubt with ``InDoubtError``), built as
+``FLOWS[name](world, variant=...)``. ``agent``'s step hands its bookings to a tool loop whose update
+only the loop can build, so it has no ``check`` variant.
 
 The ``fanout`` flow's parallel branches are async steps that talk to the world with the sync
 ``ctx.http`` (the loop is not yielded inside them), so the order of its crash points is the same on
 every run: crash point k is one reproducible moment. The ``threads`` flow runs its branches on real
-threads instead: its number of crash points is fixed, their order between the threads is not. Each flow is built per exploration (``FLOWS[name](world)``): its steps
-close over that exploration's world (service URL, clock, execution ledger).
+threads instead: its number of crash points is fixed, their order between the threads is not.
+Each flow is built per exploration (``FLOWS[name](world)``): its steps close over that
+exploration's world (service URL, clock, execution ledger).
 """
 
 from __future__ import annotations
@@ -345,7 +348,9 @@ class Agent(Flow):
         llm = LLM(base_url=world.chat_url, model="scripted", max_attempts=1, breaker=False)
         wf = Workflow("agent", version="1")
 
-        @wf.step(start=True, effect=True, compensate=tools.compensate, **({"resend": True} if variant == "resend" else {}))
+        resend = {"resend": True} if variant == "resend" else {}
+
+        @wf.step(start=True, effect=True, compensate=tools.compensate, **resend)
         def reserve(ctx, state):
             world.executed(ctx)
             out = run_tool_loop(ctx, llm, "book two venues", tools)

@@ -201,7 +201,8 @@ def test_an_in_doubt_verdict_given_or_missed_against_what_the_deaths_left_is_rep
     assert any("failed as in doubt, but no death left" in p for p in judge(given, reference, FLOWS["trip"], "default"))
     assert any("none was failed as in doubt" in p for p in judge(missed, reference, FLOWS["trip"], "default"))
     # and under a rule that re-sends or checks, a step failed as in doubt is reported too
-    assert any("failed as in doubt under the 'check' rule" in p for p in judge(in_doubt, reference, FLOWS["trip"], "check"))
+    checked = judge(in_doubt, reference, FLOWS["trip"], "check")
+    assert any("failed as in doubt under the 'check' rule" in p for p in checked)
 
 
 def test_a_journal_breaking_invariants_1_3_4_or_5_is_reported(db_url, chat_url):
@@ -238,8 +239,10 @@ def test_a_journal_breaking_invariants_1_3_4_or_5_is_reported(db_url, chat_url):
     a, b = oldest_first.index(undo[0]), oldest_first.index(undo[-1])
     oldest_first[a], oldest_first[b] = {**undo[-1], "seq": undo[0]["seq"]}, {**undo[0], "seq": undo[-1]["seq"]}
     # Then each is reported, naming its invariant
-    assert any("completed 2 times in the journal (invariant 1)" in p for p in invariant_problems(twice, ref.ledger, wf, run))
-    assert any("not a pending step of the journaled frontier" in p for p in invariant_problems(early, ref.ledger, wf, run))
+    assert any("completed 2 times in the journal (invariant 1)" in p
+               for p in invariant_problems(twice, ref.ledger, wf, run))
+    assert any("not a pending step of the journaled frontier" in p
+               for p in invariant_problems(early, ref.ledger, wf, run))
     assert any("journaled several keys" in p for p in invariant_problems(rekeyed, ref.ledger, wf, run))
     assert any("which no journaled intent carries" in p for p in invariant_problems(ref.history, stray, wf, run))
     assert any("requested with several keys" in p for p in invariant_problems(ref.history, rekeyed_request, wf, run))
@@ -301,7 +304,8 @@ def test_a_request_leaving_before_its_keys_issue_or_a_compensation_sent_after_it
     with outgoing_calls_instrumented():
         outcome = explore(KeyBeforeIssue, db_url, "own-key", Plan())
         # Then the request is reported as it leaves
-        assert any("KeyIssued was not journaled before its key left" in v for v in outcome.violations), outcome.violations
+        assert any("KeyIssued was not journaled before its key left" in v
+                   for v in outcome.violations), outcome.violations
         # Given a compensated trip
         trip = explore(FLOWS["trip"], db_url, "late-undo", Plan(), chat_url=chat_url)
     assert trip.violations == []

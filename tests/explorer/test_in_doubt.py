@@ -81,9 +81,10 @@ def test_a_crash_at_every_point_settles_each_effect_in_doubt_by_its_steps_rule(
                                 + f"\n    reproduce: EXPLORER_ONLY={name}:{k} python -m pytest -p no:cacheprovider "
                                   f"tests/explorer/test_in_doubt.py -k '{variant} and {name} and {backend}'")
     explored[(f"in-doubt:{variant}", name, backend)] = (len(ks), len(failures))
+    seed = "" if FULL else f"; seed {SEED}"
     print(f"explorer in-doubt [{variant}]: {name} on {backend}: {len(ks)} of {len(points)} crash points explored "
-          f"({len(mine)} of the {len(decided)} where the rule decides{'' if FULL else f'; seed {SEED}'}), {in_doubt} of "
-          f"them left an effect with its key not issued, {len(failures)} violations")
+          f"({len(mine)} of the {len(decided)} where the rule decides{seed}), {in_doubt} of them left an effect "
+          f"with its key not issued, {len(failures)} violations")
     assert not failures, "\n".join(failures)
     if variant == "default" and chosen is None:
         assert in_doubt > 0, "no crash point left an effect in doubt: the flow no longer has an effect step"

@@ -280,7 +280,8 @@ def test_an_effect_made_again_after_a_rollback_sends_none_of_the_keys_its_undone
     assert len(set(keys)) == 4, keys
 
 
-def test_an_effect_in_flight_whose_key_was_journaled_in_the_earlier_format_is_re_sent_with_that_key(db_url, orc_factory):
+def test_an_effect_in_flight_whose_key_was_journaled_in_the_earlier_format_is_re_sent_with_that_key(
+        db_url, orc_factory):
     from audit_helpers import raw_sql
 
     from orchestrator.testing import BookingService
