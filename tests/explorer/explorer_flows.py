@@ -47,6 +47,8 @@ class Flow:
     status: str
     #: the variants the flow comes in
     variants: tuple[str, ...] = VARIANTS
+    #: whether crash point k is the same moment on every run (False: the scheduler orders some points)
+    deterministic = True
 
     def input(self, world: Any) -> dict[str, Any]:
         return {}
@@ -212,6 +214,7 @@ class Threads(Flow):
     crash points between the two threads is the scheduler's: point k names a moment of this run."""
 
     status = "completed"
+    deterministic = False
 
     def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("threads", version="1")

@@ -76,7 +76,7 @@ def test_a_second_crash_at_any_point_of_the_recovery_keeps_invariants_1_to_5(
     backend = request.node.callspec.params["db_url"]
     flow = functools.partial(FLOWS[name], variant=variant)
     replay = only(name)
-    failures, pairs, first_n = [], 0, 0
+    failures, pairs, first_n, unreached = [], 0, 0, 0
     with outgoing_calls_instrumented():
         # Given the uninterrupted run, and the first crash points to explore
         reference = explore(flow, db_url, f"{name}-{variant}-reference", Plan(), chat_url=chat_url)
@@ -93,6 +93,10 @@ def test_a_second_crash_at_any_point_of_the_recovery_keeps_invariants_1_to_5(
                 failures.append(f"first crash point {k} of {name} [{variant}] on {backend} was never reached")
                 continue
             recovery = once.processes[1].points
+            problems = judge(once, reference, FLOWS[name], variant)
+            if problems:  # (the single crash is held to the same checks: its recovery is what is crashed next)
+                failures.append(f"crash at point {k} ({points[k - 1]}) of {name} [{variant}] on {backend}: "
+                                + "; ".join(problems))
             js = seconds(len(recovery), name, variant, backend, k)
             if replay is not None:
                 js = sorted(j for kk, j in replay[1] if kk == k)
@@ -104,7 +108,12 @@ def test_a_second_crash_at_any_point_of_the_recovery_keeps_invariants_1_to_5(
                 # Then invariants 1-5 hold, and the run ends as its rule says
                 problems = judge(outcome, reference, FLOWS[name], variant)
                 if len(outcome.processes) < 3 or outcome.processes[1].dead is None:
-                    problems.append(f"the recovery's point {j} was never reached (the recovery is not deterministic)")
+                    # (threads: point k is another moment when the scheduler ordered the branches otherwise,
+                    # and its recovery can be shorter; the run still keeps every invariant)
+                    unreached += 1
+                    if FLOWS[name].deterministic:
+                        problems.append(f"the recovery's point {j} was never reached (the recovery is not "
+                                        "deterministic)")
                 if problems:
                     failures.append(
                         f"crash at point {k} ({points[k - 1]}), then at the recovery's point {j} "
@@ -114,6 +123,7 @@ def test_a_second_crash_at_any_point_of_the_recovery_keeps_invariants_1_to_5(
                           f"tests/explorer/test_double_crash.py -k '{name}-{variant} and {backend}'")
     explored[(f"double:{variant}", name, backend)] = (pairs, len(failures))
     print(f"explorer double crash [{variant}]: {name} on {backend}: {first_n} first points of {len(points)}, "
-          f"{pairs} second points in their recoveries{' (all)' if FULL else f' (seed {SEED})'}, "
+          f"{pairs} second points in their recoveries{' (all)' if FULL else f' (seed {SEED})'}"
+          f"{f', {unreached} of them not reached (the threads interleaved otherwise)' if unreached else ''}, "
           f"{len(failures)} violations")
     assert not failures, "\n".join(failures)
