@@ -217,7 +217,7 @@ class StepContext:
 
     @property
     def idempotency_key(self) -> str | None:
-        """This step execution's key: ``run:step:tick`` (``:epoch`` after a rollback), the same on every
+        """This step execution's key: ``run:step:tick`` (``:r{epoch}`` after a rollback), the same on every
         retry and recovery of the execution. Reading it counts as sending it (see docs/sagas.md)."""
         if self._key is not None and self._on_key is not None:
             self._on_key()

@@ -651,9 +651,19 @@ def preview(wf: Any, state: dict[str, Any], update: dict[str, Any]) -> dict[str,
 
 def idempotency_key(run: ActiveRun, name: str) -> str:
     """(run, step, tick[, rollback epoch]): stable across retries and recoveries of one execution,
-    different for each loop iteration and after a rollback."""
-    base = f"{run.run_id}:{name}:{run.folded.tick}"
-    return base if run.folded.epoch == 0 else f"{base}:{run.folded.epoch}"
+    different for each loop iteration and after a rollback.
+
+    The epoch is written ``:r{n}``: request ``i`` of an execution sends ``{key}:{i}`` (docs/sagas.md),
+    so a bare ``:{n}`` made the key of the execution after the n-th rollback that of request ``n`` of
+    the execution it undid, and the service answered the new request with the undone booking. An
+    execution that journaled its key already (its intent in flight, or the key issued by an earlier
+    attempt) keeps that key, whatever this code would make of it now."""
+    folded = run.folded
+    kept = (folded.in_flight.get(name) or {}).get("key") or folded.issued.get(name)
+    if kept is not None:
+        return kept
+    base = f"{run.run_id}:{name}:{folded.tick}"
+    return base if folded.epoch == 0 else f"{base}:r{folded.epoch}"
 
 
 def _add_records(data: dict[str, Any], ctx: StepContext | None) -> None:

@@ -249,7 +249,7 @@ def test_rollback_undoes_effects_after_the_checkpoint_and_continues_another_way(
     history = orc.history("t6")
     assert [e["kind"] for e in history].count("RolledBack") == 1
     keys = [e["data"]["key"] for e in history if e["kind"] == "StepStarted"]
-    assert keys[-2:] == ["t6:book_hotel:1:1", "t6:book_car:2:1"]
+    assert keys[-2:] == ["t6:book_hotel:1:r1", "t6:book_car:2:r1"]
 
 
 def test_rollback_to_a_point_that_does_not_exist_changes_nothing(make):
