@@ -290,9 +290,11 @@ class StepRunner:
 
     async def settle_failed(self, run: ActiveRun, name: str, execution: _Execution, exc: Exception) -> bool:
         """An effect step failed for good. If its effect may have taken effect anyway (``doubt``) and
-        the step has a check hook, ask the hook: found done, the step is settled as completed (True,
-        like an in-doubt attempt after a crash or a timeout); not done, the step fails as it is
-        (False); the hook raising leaves the failure in doubt, saying so (False)."""
+        the step has a check hook, ask the hook: found done, the step is settled as completed, like an
+        in-doubt attempt after a crash or a timeout; not done, the step fails as it is, saying the hook
+        found nothing; the hook raising leaves the failure in doubt, saying so. True when the step was
+        settled here (completed, routed, or ``GaveUp`` raised); False when there is nothing to ask
+        (no doubt, or no hook): the caller fails the step."""
         doubt = self.doubt(run, name, exc, execution.ctx)
         if doubt is None or resolve_check(run.workflow.steps[name], self.compensations) is None:
             return False
