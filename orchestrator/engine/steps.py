@@ -205,10 +205,18 @@ class StepRunner:
                 return True
             if found is None:
                 return False
-            update = wf.normalise_update(name, found)
+            try:
+                update = wf.normalise_update(name, found)
+                next_steps = self.route(run, name, update)
+            except _Permanent as permanent:
+                self.fail(run, name, ctx.attempt, permanent.error)
+                return True
+            except Exception as exc:
+                self.fail(run, name, ctx.attempt, _bad_check(name, key, exc))
+                return True
             data: dict[str, Any] = {
                 "step": name, "tick": folded.tick, "attempt": ctx.attempt, "input": self.input_ref(run, name),
-                "update": update, "next": self.route(run, name, update), "ms": 0.0, "reconciled": "check",
+                "update": update, "next": next_steps, "ms": 0.0, "reconciled": "check",
                 "effect": True, "key": key, "compensable": resolve_compensation(step, self.compensations) is not None,
             }
             joins = wf.join_targets(name)
@@ -218,6 +226,13 @@ class StepRunner:
                 self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
             except UpdateRefused as refused:
                 self.fail(run, name, ctx.attempt, refused.error)
+            except EncodingError:
+                # What the hook found cannot be journaled: say where, and fail the step (not the run's driver).
+                try:
+                    codec.dumps(update, what=f"the update the check hook of effect step {name!r} returned")
+                    raise
+                except EncodingError as precise:
+                    self.fail(run, name, ctx.attempt, _bad_check(name, key, precise))
             return True
         if step.resend is True:
             return False
@@ -420,6 +435,15 @@ def _has_compensation(step: Any, compensations: Compensations | None) -> bool:
         return resolve_compensation(step, compensations) is not None
     except Exception:  # a registry name that does not resolve: reported when the step completes
         return False
+
+
+def _bad_check(name: str, key: str | None, exc: Exception) -> InDoubtError:
+    """A check hook answered with something that is not an update the journal can hold: the effect
+    stays in doubt, visibly, instead of the run's driver failing on every resume."""
+    doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened: its check hook "
+                         f"returned what cannot be its update ({type(exc).__name__}: {exc}); it is not sent again")
+    doubt.__cause__ = exc
+    return doubt
 
 
 def state_view(wf: Any, state: dict[str, Any]) -> Any:
