@@ -34,6 +34,8 @@ from orchestrator.engine.fold import RunState
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.engine.retries import not_before
 from orchestrator.engine.services import ToolsForSteps
+from orchestrator.errors import EncodingError
+from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 
 __all__ = ["SagaRunner", "effect_records", "has_pending_effects", "in_doubt_error"]
@@ -206,8 +208,28 @@ class SagaRunner:
             if trace:
                 data["trace"] = trace
             await _close_tools(ctx, data)
-            commit(run, [(EventKind.COMPENSATION_COMPLETED, data)])
+            try:
+                commit(run, [(EventKind.COMPENSATION_COMPLETED, data)])
+            except EncodingError:
+                # The undo happened: it must be journaled as done, or every resume would undo it
+                # again (invariant 5) and the run would stay compensating. What cannot be journaled
+                # of what it returned or traced is replaced by why.
+                commit(run, [(EventKind.COMPENSATION_COMPLETED, _journalable(data, effect.step))])
             return True
+
+
+def _journalable(data: dict[str, Any], step: str) -> dict[str, Any]:
+    """``data`` with each of its ``result`` and ``trace`` that cannot be journaled replaced by a
+    ``<name>_unjournaled`` note giving the EncodingError."""
+    out = dict(data)
+    for part in ("result", "trace"):
+        if part in out:
+            try:
+                codec.dumps(out[part], what=f"the {part} of the compensation of step {step!r}")
+            except EncodingError as exc:
+                del out[part]
+                out[f"{part}_unjournaled"] = str(exc)
+    return out
 
 
 async def _close_tools(ctx: StepContext, data: dict[str, Any]) -> None:

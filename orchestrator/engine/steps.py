@@ -226,6 +226,9 @@ class StepRunner:
         if resolve_check(step, self.compensations) is not None:
             try:
                 return await self.ask_check(run, name, key, attempt)
+            except _Permanent as permanent:  # what the hook answered cannot be the step's update
+                self.fail(run, name, attempt, permanent.error)
+                return True
             except _CheckRaised as raised:
                 # The effect stays in doubt: say so at the step, visibly, instead of leaving the run stuck.
                 exc = raised.error
@@ -257,7 +260,8 @@ class StepRunner:
     async def ask_check(self, run: ActiveRun, name: str, key: str | None, attempt: int) -> bool:
         """Ask the step's check hook whether its effect happened. True: it did, and the step's
         completion (the hook's update, ``reconciled: check``) is journaled, or the step failed when
-        that update cannot be used; False: it did not. Raises ``_CheckRaised`` when the hook raised."""
+        that update cannot be journaled; False: it did not. Raises ``_CheckRaised`` when the hook raised, and
+        ``_Permanent`` (an ``InDoubtError``) when what it answered cannot be the step's update."""
         wf = run.workflow
         step = wf.steps[name]
         folded = run.folded
@@ -273,10 +277,16 @@ class StepRunner:
             raise _CheckRaised(exc) from exc
         if found is None:
             return False
-        update = wf.normalise_update(name, found)
+        try:
+            update = wf.normalise_update(name, found)
+            next_steps = self.route(run, name, update)
+        except _Permanent:
+            raise  # the caller fails the step (in doubt, when it failed for good: settle_failed)
+        except Exception as exc:
+            raise _Permanent(_bad_check(name, key, exc)) from exc
         data: dict[str, Any] = {
             "step": name, "tick": folded.tick, "attempt": attempt, "input": self.input_ref(run, name),
-            "update": update, "next": self.route(run, name, update), "ms": 0.0, "reconciled": "check",
+            "update": update, "next": next_steps, "ms": 0.0, "reconciled": "check",
             "effect": True, "key": key, "compensable": resolve_compensation(step, self.compensations) is not None,
         }
         joins = wf.join_targets(name)
@@ -286,6 +296,13 @@ class StepRunner:
             self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
         except UpdateRefused as refused:
             self.fail(run, name, attempt, refused.error)
+        except EncodingError:
+            # What the hook found cannot be journaled: say where, and fail the step (not the run's driver).
+            try:
+                codec.dumps(update, what=f"the update the check hook of effect step {name!r} returned")
+                raise
+            except EncodingError as precise:
+                raise _Permanent(_bad_check(name, key, precise)) from None
         return True
 
     async def settle_failed(self, run: ActiveRun, name: str, execution: _Execution, exc: Exception) -> bool:
@@ -624,6 +641,15 @@ def _has_compensation(step: Any, compensations: Compensations | None) -> bool:
         return resolve_compensation(step, compensations) is not None
     except Exception:  # a registry name that does not resolve: reported when the step completes
         return False
+
+
+def _bad_check(name: str, key: str | None, exc: Exception) -> InDoubtError:
+    """A check hook answered with something that is not an update the journal can hold: the effect
+    stays in doubt, visibly, instead of the run's driver failing on every resume."""
+    doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened: its check hook "
+                         f"returned what cannot be its update ({type(exc).__name__}: {exc}); it is not sent again")
+    doubt.__cause__ = exc
+    return doubt
 
 
 def state_view(wf: Any, state: dict[str, Any]) -> Any:
