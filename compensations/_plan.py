@@ -14,11 +14,14 @@ Rules, in the order they apply:
    therefore expected to be idempotent (the engine hands them the effect's idempotency key).
 3. **Order.** Newest first by the *graph's* clock, not the wall clock or the journal's seq:
    ``tick`` descending, then ``branch`` (the step's index in its tick's frontier) descending, then
-   ``call`` (the call's index inside the step) descending. Parallel branches of one tick finish
+   ``call`` (the call's position inside the step) descending. Parallel branches of one tick finish
    in whatever order the scheduler let them, so their completion seqs differ from run to run;
-   ordering by frontier index makes the plan the same on every replay and every machine. A
-   whole-step effect has ``call == -1`` and is undone after the calls made inside that step. The
-   completion ``seq`` breaks any remaining tie, newest first, so the order is total.
+   ordering by frontier index makes the plan the same on every replay and every machine. A call
+   made inside another call has a dotted position (``"1.0"`` inside call ``1``) and completed
+   before the call around it: it is undone after that call and before the calls that came before
+   it (``2``, ``1``, ``1.1``, ``1.0``, ``0``). A whole-step effect has ``call == -1`` and is undone
+   after the calls made inside that step. The completion ``seq`` breaks any remaining tie, newest
+   first, so the order is total.
 4. **Nothing silently skipped.** An effect without a compensation goes to ``uncompensable``, in the
    same newest-first order; the engine fails the run and lists them.
 
@@ -28,6 +31,7 @@ a ``PlanError`` rather than a guess at which one to keep.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +49,9 @@ class EffectRecord:
     step: str  #: the step that made it
     tick: int  #: the tick the step ran in
     branch: int  #: the step's index in its tick's frontier
-    call: int  #: the call's index inside the step, or -1 for a whole-step effect
+    #: the call's position inside the step (its index; ``"1.0"`` for a call made inside call 1), or -1
+    #: for a whole-step effect
+    call: int | str
     name: str  #: tool or effect name (the step name for a whole-step effect)
     key: str  #: idempotency key
     result: Any = None  #: the effect's journaled result (JSON value)
@@ -64,7 +70,7 @@ class EffectRecord:
         }
 
     def label(self) -> str:
-        where = f"{self.step}" if self.call < 0 else f"{self.step} call {self.call}"
+        where = f"{self.step}" if self.call == -1 else f"{self.step} call {self.call}"
         return f"{self.name!r} ({where}, tick {self.tick}, key {self.key!r})"
 
 
@@ -95,9 +101,18 @@ class CompensationPlan:
         }
 
 
-def _newest_first(effect: EffectRecord) -> tuple[int, int, int, int]:
+def _newest_first(effect: EffectRecord) -> tuple[int, int, tuple[int, ...], int]:
     # Negated so one ascending sort gives every component descending.
-    return (-effect.tick, -effect.branch, -effect.call, -effect.seq)
+    return (-effect.tick, -effect.branch, _call_order(effect.call), -effect.seq)
+
+
+def _call_order(call: int | str) -> tuple[int, ...]:
+    """Newest call first, ascending: a whole-step effect (-1) last; a call before the calls made
+    inside it (they completed before it), those newest first too."""
+    if call == -1:
+        return (1,)
+    # The sentinel stands for the call's own completion, after every call inside it.
+    return tuple(-int(part) for part in str(call).split(".")) + (-sys.maxsize,)
 
 
 def plan_compensations(

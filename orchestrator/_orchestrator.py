@@ -31,6 +31,7 @@ from orchestrator.audit.stats import Stats
 from orchestrator.audit.summary import RunSummary
 from orchestrator.audit.verify import VerifyReport
 from orchestrator.engine.config import EngineConfig, default_owner
+from orchestrator.engine.names import name_problem, shown
 from orchestrator.engine.queues import DEFAULT_QUEUE, Queues
 from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.result import RunResult
@@ -114,6 +115,8 @@ class Orchestrator:
         signing_key: bytes | str | None = None,
     ) -> None:
         _check_options(snapshot_every, keep_snapshots, lease_ttl, heartbeat)
+        if owner is not None and (problem := name_problem(owner)) is not None:
+            raise ConfigurationError(f"owner must be {problem}, got {shown(owner)}")
         if incremental_snapshots is not None and (isinstance(incremental_snapshots, bool)
                                                   or not isinstance(incremental_snapshots, int)
                                                   or incremental_snapshots < 1):
@@ -371,11 +374,14 @@ class Orchestrator:
         hash chain; signed with ``signing_key`` when one is configured). See docs/checkpoints.md."""
         return self.engine.savepoint(run_id, name=name, path=path)
 
-    def restore(self, path: str | os.PathLike[str]) -> str:
+    def restore(self, path: str | os.PathLike[str], *, max_bytes: int | None = None) -> str:
         """Bring a savepoint into this database (all or nothing) and return its run id; drive it on
-        with ``resume``. Its workflow must be registered here; a damaged, tampered, newer-format or
-        (under a key) unsigned file raises ``SavepointError`` naming what is wrong."""
-        return self.engine.restore_savepoint(path)
+        with ``resume``. Its workflow must be registered here; a damaged, tampered, newer-format,
+        (under a key) unsigned file, or one that decompresses to more than ``max_bytes`` (default
+        256 MiB) raises ``SavepointError`` naming what is wrong, before anything is written."""
+        if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1):
+            raise ConfigurationError(f"restore max_bytes must be a positive number of bytes, got {max_bytes!r}")
+        return self.engine.restore_savepoint(path, max_bytes=max_bytes)
 
     def archive(self, *, older_than: float, to: str | os.PathLike[str]) -> dict[str, Any]:
         """Move finished runs that ended more than ``older_than`` seconds ago into savepoint files in

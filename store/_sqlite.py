@@ -73,6 +73,9 @@ class SQLiteDialect(Dialect):
         # (and falls back to reading a write-protected one), and its journal mode is left alone
         # (setting WAL rewrites the header of a file that may be another application's).
         self.create = create
+        if not self.shared and os.path.isdir(self.path):
+            raise ConfigError(f"{self.url} names a directory ({self.path!r}), not a database file: name a file in it, "
+                              f"e.g. sqlite:///{os.path.join(database, 'agentsaga.db')}")
         if not create:
             if self.shared:
                 raise ConfigError(

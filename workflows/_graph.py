@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -53,10 +54,12 @@ class Workflow:
         snapshots: Snapshots | Mapping[str, Any] | None = None,
         on_code_change: str = "journal",
     ) -> None:
-        if not isinstance(name, str) or not name.strip():
-            raise DefinitionError(f"workflow name must be a non-empty string, got {name!r}")
-        if not isinstance(version, str) or not version:
-            raise DefinitionError(f"version must be a non-empty string, got {version!r}", workflow=name)
+        if not isinstance(name, str) or not name.strip() or not _storable_name(name):
+            raise DefinitionError(f"workflow name must be a non-empty string without control characters or lone "
+                                  f"surrogates, got {name!r}")
+        if not isinstance(version, str) or not version or not _storable_name(version):
+            raise DefinitionError(f"version must be a non-empty string without control characters or lone "
+                                  f"surrogates, got {version!r}", workflow=name)
         if state is not None and not hasattr(state, "model_validate"):
             raise DefinitionError(
                 f"state must be a pydantic/SQLModel model class or None, got {state!r}", workflow=name
@@ -445,6 +448,10 @@ class Workflow:
             raise DefinitionError(
                 f"input must be a dict (or a {self.name!r} state model), got {type(value).__name__}", workflow=self.name
             )
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:  # as for a step's update: a state field is named by a string
+            raise InputError(f"input has a non-string key {bad[0]!r}; the input's keys are the state's fields, "
+                             "which are named by strings", workflow=self.name)
         return dict(value)
 
     def view(self, state: dict[str, Any]) -> Any:
@@ -478,6 +485,12 @@ class Workflow:
         """Validate a merged state against the model (typed state only)."""
         if self.state_model is not None:
             self.state_model.model_validate(state)
+
+
+def _storable_name(name: str) -> bool:
+    """Whether a database can store ``name`` as it is: no control character (Postgres refuses a NUL)
+    and no lone surrogate (not UTF-8)."""
+    return name.isprintable() or not any(unicodedata.category(c) in ("Cc", "Cs") for c in name)
 
 
 def _short(value: Any) -> str:

@@ -2,7 +2,7 @@
 
     WorkflowError             base of everything in this package
      ├── DefinitionError      the graph or an option is invalid (raised when it is built)
-     ├── InputError           a run's input does not fit the workflow's state model
+     ├── InputError           a run's input is not a state: a non-string key, or it does not fit the state model
      ├── RoutingError         a router returned something that is not a step, a list of steps or END
      └── ReducerError         a field's reducer could not merge a step's update into the state
 """

@@ -6,8 +6,11 @@
     replayer.run(agent, same_input)                            # model and tool calls answered from it
 
 A recorded call is keyed by ``(step, visit, index)``: the step, how many times that step had
-completed before in the run (so a loop's iterations are told apart), and the call's number within
-the step execution. That is what the engine knows when a call is made, and it does not depend on
+completed before in the run (so a loop's iterations are told apart), and the call's position within
+the step execution: its number (``0``, ``1``...) or, for a call made inside another durable call (a
+tool that asks a model), the dotted position the journal gives it (``"1.0"`` inside call 1).
+Cassettes recorded before calls could nest hold numbers only and replay unchanged. Under replay a
+call answered from the cassette is not performed, so the calls recorded inside it are not asked for. That is what the engine knows when a call is made, and it does not depend on
 run ids, ticks or timestamps, so a replay under another run id (or another database) finds its
 calls. The engine asks ``lookup(step, visit, index, kind, request)`` instead of performing the
 call; the request it passes is already in journal form (redacted, through the codec), the same
@@ -38,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.engine.context import position_parts
 from orchestrator.payload import codec
 from orchestrator.payload.redact import same_request
 from orchestrator.errors import ReplayError, ReplayMismatchError, ReplayMissingError
@@ -48,12 +52,21 @@ CASSETTE_FORMAT = "agentsaga-cassette"
 CASSETTE_VERSION = 1
 _DIFF_LINES = 200  # a diff longer than this is cut (the first lines show where it starts)
 
-Key = tuple[str, int, int]
+Key = tuple[str, int, str]  # (step, visit, position as text: "2", "1.0")
 
 
 def _pretty(value: Any) -> list[str]:
     plain = json.loads(codec.dumps(value, what="a cassette request"))
     return json.dumps(plain, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+
+
+def _position(index: Any, i: int) -> str:
+    """A recorded call's position as text: ``3`` and ``"3"`` are the same call, ``"1.0"`` one inside call 1."""
+    text = str(index)
+    parts = text.split(".")
+    if isinstance(index, bool) or not isinstance(index, (int, str)) or not all(p.isascii() and p.isdigit() for p in parts):
+        raise ReplayError(f"cassette call #{i} has index {index!r}: a call number (3) or a dotted position (\"1.0\")")
+    return ".".join(str(int(p)) for p in parts)
 
 
 class Cassette:
@@ -68,7 +81,8 @@ class Cassette:
             if missing:
                 raise ReplayError(f"cassette call #{i} lacks {', '.join(sorted(missing))}")
             entry = {k: call[k] for k in ("step", "visit", "index", "kind", "request", "response")}
-            self._calls.setdefault((entry["step"], int(entry["visit"]), int(entry["index"])), []).append(entry)
+            self._calls.setdefault((entry["step"], int(entry["visit"]), _position(entry["index"], i)),
+                                   []).append(entry)
             self._order.append(entry)
 
     # -- building ----------------------------------------------------------------------------------
@@ -123,12 +137,14 @@ class Cassette:
         return target
 
     # -- replaying -----------------------------------------------------------------------------------
-    def lookup(self, step: str, visit: int, index: int, kind: str, request: Any) -> Any:
-        """The recorded response to this call, or ``ReplayMismatchError`` / ``ReplayMissingError``."""
+    def lookup(self, step: str, visit: int, index: int | str, kind: str, request: Any) -> Any:
+        """The recorded response to call ``index`` (its position: ``2``, or ``"1.0"`` inside call 1),
+        or ``ReplayMismatchError`` / ``ReplayMissingError``."""
         where = f"step {step!r} (visit {visit}), {kind} call {index}"
-        recorded = self._calls.get((step, visit, index))
+        recorded = self._calls.get((step, visit, str(index)))
         if not recorded:
-            held = sorted({(v, i) for (s, v, i) in self._calls if s == step})
+            held = sorted({(v, i) for (s, v, i) in self._calls if s == step},
+                          key=lambda held: (held[0], position_parts(held[1])))
             known = (", ".join(f"visit {v} call {i}" for v, i in held[:20]) if held
                      else "no calls for that step")
             raise ReplayMissingError(f"replay: the cassette has no recording for {where}; it holds {known}")

@@ -59,6 +59,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import httpx
@@ -182,7 +183,7 @@ class _Base:
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY") or None
         url = httpx.URL(self.base_url + "/chat/completions")
         if url.scheme not in ("http", "https") or not url.host:
-            raise ConfigurationError(f"LLM base_url must be an http(s) URL, got {self.base_url!r}")
+            raise ConfigurationError(f"LLM base_url must be an http(s) URL, got {Redactor().url(self.base_url)!r}")
         self.endpoint = str(url)
         self._url = url  # parsed once: httpx takes it as it is, where a string is parsed per request
         self.provider = f"{url.host}:{url.port}" if url.port else url.host
@@ -203,8 +204,8 @@ class _Base:
                                     for form in (secret, json.dumps(secret)[1:-1],
                                                  json.dumps(secret, ensure_ascii=False)[1:-1])})
 
-    def __repr__(self) -> str:  # never the key
-        return f"<{type(self).__name__} {self.model!r} at {self.base_url}>"
+    def __repr__(self) -> str:  # never the key, nor a password or key the base URL carries
+        return f"<{type(self).__name__} {self.model!r} at {Redactor().url(self.base_url)}>"
 
     # -- the journaled request ------------------------------------------------------------------
     def request(self, messages: str | Sequence[Any], *, tools: Any = None, **params: Any) -> dict[str, Any]:
@@ -288,14 +289,26 @@ class _Base:
         return base * (0.5 + self._rng.random() / 2)
 
     def _explain(self, error: Exception, attempts: int) -> Exception:
-        if isinstance(error, PermanentToolError) and error.status in (401, 403):
-            return PermanentToolError(
-                f"LLM provider {self.provider} refused the request ({error.status}): check OPENAI_API_KEY or "
-                f"the api_key given to LLM; not retried. {error}", tool=error.tool, status=error.status)
+        """The error a call raises: every one from the provider starts ``LLM provider HOST``, says the
+        status it answered (or that it did not answer) and whether it was retried, then the tool's
+        own words (the request line and the provider's message, redacted: never the API key)."""
+        where = f"LLM provider {self.provider}"
         if isinstance(error, RetryableToolError):
-            return RetryableToolError(f"LLM call to {self.provider} failed after {attempts} attempt(s): {error}",
+            answered = f"the last answered {_status(error.status)}" if error.status else "no answer"
+            return RetryableToolError(f"{where} failed after {attempts} attempt(s), {answered}: {error}",
                                       tool=error.tool, status=error.status, retry_after=error.retry_after)
-        return error
+        if not isinstance(error, PermanentToolError) or str(error).startswith(where):
+            return error  # an open breaker is not the provider's answer; a message of ours already says it
+        if error.status in (401, 403):
+            advice = "check OPENAI_API_KEY or the api_key given to LLM"
+        elif error.status == 404:
+            advice = f"check base_url and the model name ({self.model!r}): the provider does not know them"
+        elif error.status is not None:
+            advice = "retrying the same request would not help"
+        else:
+            return PermanentToolError(f"{where} failed: {error}", tool=error.tool, status=error.status)
+        return PermanentToolError(f"{where} answered {_status(error.status)}: {advice}; not retried. {error}",
+                                  tool=error.tool, status=error.status)
 
     def _shape(self, response: Any, failures: list[dict[str, Any]], ms: float, redactor: Redactor) -> dict[str, Any]:
         """The journaled response; refuses a 2xx that is not a chat completion. ``redactor``: the
@@ -349,6 +362,14 @@ class _Base:
             if error.retry_after is not None:
                 entry["retry_after"] = error.retry_after
         return entry
+
+def _status(code: int | None) -> str:
+    """``404 Not Found``: a status with its reason phrase (just the number for one HTTP does not name)."""
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return str(code)
+
 
 class LLM(_Base):
     """The synchronous client, for sync steps. ``sleep`` is used between retries (inject it in tests)."""

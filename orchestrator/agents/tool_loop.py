@@ -48,9 +48,14 @@ iterations) undoes it. Make the loop's step ``effect=True, compensate=tools.comp
 record)`` (``tctx.idempotency_key`` is ``"{tool key}:compensate"``). When the step completes its
 tool calls join its own effect record (``out.update(...)`` still lists them as ``tool_effects`` for
 your own use); when it fails, each is undone on its own. A loop in a step without a compensation
-leaves its bookings listed as NOT undone when the run fails: never silently. Tools must not make
-durable calls (``llm.chat``) themselves: a durable call inside another one's ``perform`` would
-shift the numbering on resume.
+leaves its bookings listed as NOT undone when the run fails: never silently.
+
+Tools may make durable calls of their own (``llm.chat``, ``ctx.http``, ``ctx.durable_call``, a
+loop of their own): they are numbered under the tool's call (``"3.0"``, ``"3.1"`` inside call 3),
+so a resumed step neither repeats them nor renumbers the calls after the tool. A loop run inside a
+durable call (a tool that runs a loop of its own) puts that call's position in its keys' ``base``
+(``"{key}:3:{loop}:{iteration}.{position}"``), so its effect tools never share a key with the
+outer loop's.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from typing import Any
 import pydantic
 
 from orchestrator.errors import ToolError, ToolLoopLimitError
+from orchestrator.payload.exceptions import error_record
 
 __all__ = ["ToolRegistry", "AgentTool", "ToolContext", "LoopResult", "ToolLoopLimitError",
            "run_tool_loop", "arun_tool_loop", "TOOL_EFFECTS"]
@@ -198,7 +204,7 @@ class ToolRegistry:
 
 def _tool_records(effect: Any) -> list[dict[str, Any]]:
     """The effect tool records an effect stands for, oldest first, each once (by key)."""
-    if getattr(effect, "call", -1) >= 0:  # one tool call's own effect
+    if getattr(effect, "call", -1) != -1:  # one tool call's own effect (its position in the step)
         return [effect.result] if isinstance(effect.result, dict) else []
     found: list[dict[str, Any]] = [c["result"] for c in getattr(effect, "calls", ()) if isinstance(c.get("result"), dict)]
     result = effect.result if isinstance(effect.result, dict) else {}
@@ -273,7 +279,10 @@ class _Loop:
         self.registry = registry
         self.loop = loop
         base = getattr(ctx, "idempotency_key", None) or f"{ctx.run_id}:{ctx.step}:{ctx.tick}"
-        self.base = base
+        inside = getattr(ctx, "call_position", None)
+        # A loop inside a durable call (a tool's own loop) numbers its iterations from 0 too: the
+        # call's position keeps its keys apart from the loop around it.
+        self.base = base if inside is None else f"{base}:{inside}"
         self.result = LoopResult(content=None, messages=[])
 
     def request(self, call: Any) -> tuple[dict[str, Any], AgentTool | None, dict[str, Any] | None, str | None]:
@@ -347,7 +356,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _failed(exc: Exception) -> dict[str, Any]:
-    return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    # Bounded: the error goes to the model and into the journal with the next model call's request.
+    return {"ok": False, "error": f"{type(exc).__name__}: {error_record(exc, with_traceback=False)['message']}"}
 
 
 def _too_many(ctx: Any, max_iterations: int, last: Sequence[Any]) -> ToolLoopLimitError:

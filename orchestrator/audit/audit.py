@@ -35,6 +35,7 @@ from orchestrator.audit.gc import GC_STATUSES, GcReport, finished_at, plan_delet
 from orchestrator.audit.stats import Stats, collect_stats
 from orchestrator.audit.summary import RunSummary, decode_events, summarise
 from orchestrator.audit.verify import VerifyReport, verify_journal
+from orchestrator.engine.names import name_problem, shown
 from orchestrator.engine.reading import read_state, reduce_for
 from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.snapshots import retained
@@ -223,8 +224,8 @@ class Audit:
         (its saga, a rollback) is refused, naming the nearest steps that can be forked instead
         (``audit/fork.py``); nothing is written then.
         """
-        if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
-            raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")
+        if run_id is not None and (problem := name_problem(run_id)) is not None:
+            raise ConfigurationError(f"run_id must be {problem}, got {shown(run_id)}")
         rec = self.store.get_run(parent_id)
         wf = self.workflows.for_run(rec)
         assert wf is not None  # required=True raises instead

@@ -68,7 +68,20 @@ def headline(kind: str, data: dict[str, Any]) -> str:
             then = f"gave up, routed to {data['route']}" if data.get("route") else "gave up"
         else:
             then = f"retry in {_seconds(data.get('retry_in'))}"
+        doubt = data.get("doubt")
+        if isinstance(doubt, dict):  # first, before a long headline is cut: its effect may stand
+            then = f"IN DOUBT (key {doubt.get('key')}); {then}"
         return f"{where}) failed; {then}"
+    if kind == "StepCancelled":
+        if not data.get("called"):
+            how = "before its function ran: nothing left the process"
+        elif "key_left" in data:
+            how = "its key had left: re-sent with it on resume" if data.get("key_left") else \
+                "before its key left: in doubt until resume settles it"
+        else:
+            how = "runs again on resume"
+        still = "; still running on a thread (the lease is kept until it ends)" if data.get("still_running") else ""
+        return f"{where}) cancelled, {how}{still}"
     if kind == "Resumed":
         return (f"by {data.get('owner')} (lease {data.get('lease')}) from snapshot seq {data.get('snapshot_seq')}, "
                 f"{data.get('replayed')} events replayed")
@@ -100,8 +113,11 @@ def headline(kind: str, data: dict[str, Any]) -> str:
     if kind in ("CallCompleted", "CallFailed"):
         what = " ".join(part for part in (str(data.get("kind")), _call_name(data.get("request"))) if part)
         flags = "".join(f", {flag}" for flag in ("replaced", "replayed") if data.get(flag))
+        position = str(data.get("index"))
+        if "." in position:  # made while another call was performed (a tool asking a model)
+            flags += f", inside call {position.rsplit('.', 1)[0]}"
         failed = f" failed: {_error(data.get('error'))}" if kind == "CallFailed" else ""
-        return f"{step} call {data.get('index')} ({what}{_ms(data.get('ms'))}{flags}){failed}"
+        return f"{step} call {position} ({what}{_ms(data.get('ms'))}{flags}){failed}"
     if step is not None:
         return f"{step}: " + compact({k: v for k, v in data.items() if k != "step"}, 200)
     return compact(data, 200)
@@ -111,12 +127,12 @@ _DETAIL_FIELDS: dict[str, tuple[str, ...]] = {
     "RunStarted": ("input",),
     "StepStarted": ("input",),
     "StepCompleted": ("input", "update", "trace", "calls", "http"),
-    "StepFailed": ("error", "traceback"),
+    "StepFailed": ("error", "doubt", "traceback"),
     "CompensationCompleted": ("result", "trace"),
     "CompensationFailed": ("error", "traceback"),
     "SagaStarted": ("error",),
     "SagaFailed": ("error",),
-    "RunFailed": ("error", "uncompensable"),
+    "RunFailed": ("error", "uncompensable", "in_doubt"),
     "RunCancelled": (),
     "SagaCompleted": ("uncompensable", "in_doubt"),
     "CallCompleted": ("request", "response"),

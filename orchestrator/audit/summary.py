@@ -45,7 +45,7 @@ class Execution:
     epoch: int  #: how many rollbacks preceded it
     first_seq: int
     seq: int  #: the event that ended it (or its latest event while it has not ended)
-    #: completed | failed | routed | in progress | waiting | in doubt | abandoned
+    #: completed | failed | routed | in progress | waiting | in doubt | abandoned | cancelled
     outcome: str = "in progress"
     attempts: int = 1
     ms: float | None = None
@@ -66,6 +66,8 @@ class Execution:
     compensable: bool | None = None
     reconciled: str | None = None
     error: dict[str, Any] | None = None  #: the error that ended it, when it failed
+    #: when it failed but its effect may have taken effect anyway: {"key", "reason"}
+    doubt: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -208,6 +210,8 @@ class _Builder:
         epoch = folded.epoch if folded is not None else 0
         if kind in _STEP_KINDS:
             self.step_event(seq, kind, at, data, tick, epoch)
+        elif kind == EventKind.STEP_CANCELLED:
+            self.step_cancelled(seq, at, data, tick, epoch)
         elif kind == EventKind.RUN_STARTED:
             self.started = data
         elif kind == EventKind.RESUMED:
@@ -295,6 +299,16 @@ class _Builder:
             x.error = failure["error"]
             x.route = data.get("route")
             x.outcome = "routed" if x.route else "failed"
+            doubt = data.get("doubt")
+            if isinstance(doubt, dict):
+                # It failed, but its effect may stand: an effect of the run, in doubt (never undone:
+                # there is no result to undo it with).
+                x.doubt = doubt
+                x.effect = True
+                self.effects[seq] = {"seq": seq, "step": step, "key": doubt.get("key"), "execution": x.index,
+                                     "compensable": False, "result": None, "status": "in doubt",
+                                     "reason": doubt.get("reason"), "attempts": 0, "errors": [], "undone_seq": None,
+                                     "undo_result": None, "undo_trace": []}
             if x.route:
                 x.next = [x.route]
                 self.edges[(step, x.route)] += 1
@@ -324,6 +338,21 @@ class _Builder:
                                      "undo_trace": []}
         if x.ms is not None:
             x.started_at = min(x.started_at or at, at - x.ms / 1000.0)
+        x.ended_at = at
+        del self.open[step]
+
+    def step_cancelled(self, seq: int, at: float, data: dict[str, Any], tick: int, epoch: int) -> None:
+        """The task driving the run was cancelled during an attempt. One whose function had not been
+        called, or of a step with no effect, ended there (the step runs again on resume); an effect's
+        attempt whose function ran stays open: in doubt until a resume settles it."""
+        step = data.get("step", "?")
+        x = self.execution(step, seq, at, data, tick, epoch)
+        x.seq = seq
+        x.attempts = max(x.attempts, int(data.get("attempt") or 1))
+        x.extra.append({"seq": seq, "at": at, "kind": EventKind.STEP_CANCELLED, "data": data})
+        if data.get("called") and x.effect:
+            return
+        x.outcome = "cancelled"
         x.ended_at = at
         del self.open[step]
 
@@ -442,18 +471,22 @@ class _Builder:
             return {"kind": "step", "seq": culprit.seq if culprit else seq, "step": step, "error": error,
                     "execution": culprit.index if culprit else None,
                     "message": f"step {step!r} failed and had no failure route",
-                    "uncompensable": data.get("uncompensable")}
+                    "uncompensable": data.get("uncompensable"), "in_doubt": data.get("in_doubt")}
         return None
 
 
 def _call_record(seq: int, at: float, data: Mapping[str, Any]) -> dict[str, Any]:
-    """A durable call as the report's call table reads it: its kind as the type, and a name from
-    its request when it has one (a model, a tool, a URL)."""
+    """A durable call as the report's call table reads it: its kind as the type, a name from its
+    request when it has one (a model, a tool, a URL) and, for a call made inside another one
+    (position ``"1.0"``), ``inside`` (that call's position) and ``depth`` (how deep it is)."""
     request = data.get("request")
     name = ""
     if isinstance(request, dict):
         name = next((str(request[k]) for k in ("model", "tool", "name", "url") if request.get(k)), "")
-    record = {k: v for k, v in data.items() if k not in ("step", "tick", "kind")}
+    record = {k: v for k, v in data.items() if k not in ("step", "tick", "kind", "inside", "depth")}
+    position = str(data.get("index"))
+    if "." in position:
+        record.update(inside=position.rsplit(".", 1)[0], depth=position.count("."))
     return {"type": data.get("kind") or "call", "name": name, "seq": seq, "at": at, **record}
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from orchestrator._orchestrator import Orchestrator
 from orchestrator.payload import codec
@@ -38,11 +39,13 @@ from orchestrator.cli.common import (
     open_orchestrator,
     open_reader,
     parse_duration,
+    parse_size,
     signing_key,
 )
 from orchestrator.audit.describe import details, headline
 from orchestrator.audit.summary import RunSummary
 from orchestrator.cli.term import clip, json_line, safe, table, when
+from orchestrator.engine.context import position_parts
 from orchestrator.errors import SavepointError
 
 __all__ = ["add_audit_verbs", "VERIFY_FAILED", "whole_number"]
@@ -80,6 +83,19 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _by_position(calls: list[Any]) -> list[dict[str, Any]]:
+    """An execution's journaled durable calls ordered by position (``1``, ``1.0``, ``1.1``, ``2``);
+    a position the journal repeats (a replaced call) keeps its journal order, and one that is not a
+    position at all (a damaged event) goes last rather than failing the read."""
+    def order(call: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+        try:
+            return 0, position_parts(call["index"])
+        except (TypeError, ValueError):
+            return 1, ()
+
+    return sorted((c for c in calls if isinstance(c, dict) and "seq" in c and "index" in c), key=order)
+
+
 # -- show ------------------------------------------------------------------------------------------
 def cmd_show(args: argparse.Namespace) -> int:
     with open_reader(args) as orc:
@@ -115,6 +131,10 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
         out.append(f"error: {safe(s.error)}")
     if s.failure:
         out.append(f"cause: {_cause_line(s.failure)}")
+    for e in s.effects:
+        if e["status"] == "in doubt":
+            out.append(f"in doubt: effect {safe(e['step'])} with key {safe(e['key'])} may have taken effect "
+                       f"({safe(e.get('reason'))}); look the key up at its service")
     for f in s.earlier_failures:  # history: the run went back past them (a rollback)
         out.append(f"before the rollback at seq {f['rolled_back_at']}: {_cause_line(f)}")
     executions = s.executions
@@ -126,17 +146,20 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
         rows = [[x.index, x.first_seq if x.seq == x.first_seq else f"{x.first_seq}-{x.seq}", x.tick, x.step,
                  x.outcome, x.attempts, _ms(x.ms), _outcome_detail(x)] for x in shown]
         out.append(table(["#", "SEQ", "TICK", "STEP", "OUTCOME", "ATTEMPTS", "MS", "NEXT / ERROR"], rows))
-    calls = [(x, c) for x in shown for c in x.calls if isinstance(c, dict) and "seq" in c and "index" in c]
+    calls = [(x, c) for x in shown for c in _by_position(x.calls)]
     if calls:
-        # The durable calls (model requests, tool calls, HTTP) journaled by the executions shown.
+        # The durable calls (model requests, tool calls, HTTP) journaled by the executions shown, each
+        # execution's in the order of their positions: a call made inside another one ("1.0", a
+        # model call of a tool) right under it, indented, although it was journaled before it.
         out += ["", f"CALLS ({len(calls)} journaled)"]
-        rows = [[c["seq"], x.step, c["index"], c.get("type") or "call", c.get("name") or "", _ms(c.get("ms")),
+        rows = [[c["seq"], x.step, "  " * int(c.get("depth") or 0) + str(c["index"]), c.get("type") or "call",
+                 c.get("name") or "", _ms(c.get("ms")),
                  ", ".join(flag for flag in ("effect", "replaced", "replayed") if c.get(flag))] for x, c in calls]
         out.append(table(["SEQ", "STEP", "#", "KIND", "NAME", "MS", ""], rows))
     if s.effects:
         out += ["", "EFFECTS AND COMPENSATIONS"]
-        rows = [[e["seq"], e["step"], e["key"], e["status"] if e["compensable"] else "no compensation",
-                 e["attempts"], e["undone_seq"] or "-"] for e in s.effects]
+        rows = [[e["seq"], e["step"], e["key"], effect_status(e), e["attempts"], e["undone_seq"] or "-"]
+                for e in s.effects]
         out.append(table(["SEQ", "STEP", "KEY", "COMPENSATION", "ATTEMPTS", "UNDONE AT"], rows))
     out += ["", "SNAPSHOTS"]
     snaps = [n for n in s.snapshots if not n.get("rejected")]
@@ -166,9 +189,20 @@ def _cause_line(f: dict[str, Any]) -> str:
     return f"{safe(f['message'])} at seq {f['seq']}{where}: {safe(err.get('type'))}: {safe(err.get('message'))}"
 
 
+def effect_status(e: dict[str, Any]) -> str:
+    """An effect's line in the effects table: its compensation's status, or why it has none."""
+    return e["status"] if e["compensable"] or e["status"] == "in doubt" else "no compensation"
+
+
 def _outcome_detail(x: Any) -> str:
     if x.error:
-        return f"{x.error.get('type')}: {x.error.get('message')}" + (f" -> {x.route}" if x.route else "")
+        doubt = f" [effect in doubt, key {x.doubt.get('key')}]" if x.doubt else ""
+        return f"{x.error.get('type')}: {x.error.get('message')}{doubt}" + (f" -> {x.route}" if x.route else "")
+    if x.outcome == "cancelled":
+        return "cancelled; runs again on resume"
+    if x.outcome in ("in doubt", "in progress") and x.extra and x.extra[-1]["kind"] == "StepCancelled":
+        left = x.extra[-1]["data"].get("key_left")
+        return f"cancelled after its function ran{' and its key left' if left else ''}; settled on resume"
     if x.outcome == "completed":
         return ", ".join(x.next) or ("join " + ", ".join(x.joins) if x.joins else "END")
     if x.failures:
@@ -251,7 +285,8 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 
 # -- savepoint / restore ---------------------------------------------------------------------------
 def cmd_savepoint(args: argparse.Namespace) -> int:
-    out = args.out or f"{args.run_id}.{args.name}.savepoint.json.gz"
+    # The run id and name quoted, as archive does: "../x" or "a/b" must not pick another directory.
+    out = args.out or f"{quote(args.run_id, safe='')}.{quote(args.name, safe='')}.savepoint.json.gz"
     with open_reader(args) as orc:
         path = orc.savepoint(args.run_id, name=args.name, path=out)
         signed = orc.engine.config.signing_key is not None
@@ -270,14 +305,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from orchestrator.engine.savepoints import read_savepoint  # here: --help must stay light
 
     key = signing_key()
-    point = read_savepoint(Path(args.file), key=key.encode() if key is not None else None)
+    max_bytes = parse_size(args.max_size, "--max-size") if args.max_size is not None else None
+    point = read_savepoint(Path(args.file), key=key.encode() if key is not None else None, max_bytes=max_bytes)
     workflows = app_workflows(args)
     if not any(wf.name == point.run["workflow"] for wf in workflows):
         known = ", ".join(sorted({wf.name for wf in workflows})) or "none"
         raise SavepointError(f"savepoint {args.file!r} holds a run of workflow {point.run['workflow']!r}, which is "
                              f"not registered here (registered: {known}); register it (--app) to restore the run")
     with open_orchestrator(args, app=True) as orc:  # the app is imported once: the same workflows
-        run_id = orc.restore(args.file)  # the engine reads the file again: it checks what it writes
+        run_id = orc.restore(args.file, max_bytes=max_bytes)  # read again: the engine checks what it writes
         rec = orc.get_run(run_id)
     if args.json:
         print(json_line({"run_id": run_id, "status": rec.status, "workflow": rec.workflow}))
@@ -440,10 +476,13 @@ def add_audit_verbs(verb: Verb) -> None:
                                          "$AGENTSAGA_SIGNING_KEY when set)")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--name", required=True, metavar="NAME", help="the savepoint's name")
-    p.add_argument("--out", metavar="FILE", help="where to write it (default: RUN.NAME.savepoint.json.gz)")
+    p.add_argument("--out", metavar="FILE", help="where to write it (default: RUN.NAME.savepoint.json.gz in the working directory, "
+                        "RUN and NAME URL-quoted)")
 
     p = verb("restore", cmd_restore, "bring a savepoint file's run into the database (all or nothing)")
     p.add_argument("file", metavar="FILE")
+    p.add_argument("--max-size", metavar="SIZE",
+                   help="refuse a file that decompresses to more than this (e.g. 512M, 2G; default 256M)")
     add_app_flag(p)
 
     p = verb("archive", cmd_archive, "move finished runs older than a duration into savepoint files")

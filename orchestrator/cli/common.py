@@ -39,7 +39,7 @@ from workflows import Workflow
 __all__ = ["UsageError", "CommandError", "parse_time", "parse_json", "parse_duration", "parse_object",
            "open_orchestrator",
            "open_reader", "add_progress_flag", "add_app_flag", "app_code", "app_workflows", "app_compensations",
-           "project_config", "resolve_target", "Target", "follow_up", "held_message"]
+           "project_config", "resolve_target", "Target", "follow_up", "held_message", "parse_size"]
 
 
 class UsageError(Exception):
@@ -64,11 +64,31 @@ def parse_time(text: str | None) -> float | None:
 
 def parse_json(text: str, what: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_not_json)
+        return json.loads(text, parse_constant=_not_json, object_pairs_hook=_no_repeated_keys)
+    except _RepeatedKey as repeated:
+        raise UsageError(f"{what} gives the key {repeated.key!r} twice in one object; JSON would keep only the "
+                         "last value: give it once") from None
     except ValueError as exc:  # json.JSONDecodeError, or a constant JSON does not have
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
         raise UsageError(f"{what} is nested too deeply to be read as JSON") from None
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # {"n": 1, "n": 2} is JSON that json reads as {"n": 2}: what was typed would be lost without a word.
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return made
 
 
 def _not_json(constant: str) -> Any:
@@ -91,6 +111,18 @@ def parse_duration(text: str | None, what: str) -> float | None:
         why = "needs a unit" if bare else "is not a duration"
         raise UsageError(f"{what} {text!r} {why}: use a number with s, m, h, d or w (e.g. 30d, 12h, 90m, 45s)")
     return float(found.group(1)) * _UNIT[found.group(2)]
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, what: str) -> int:
+    """``1048576``, ``512k``, ``256M``, ``2GiB`` -> bytes (K, M, G, T are powers of 1024)."""
+    found = _SIZE.match(text)
+    if not found or int(found.group(1)) < 1:
+        raise UsageError(f"{what} {text!r} is not a size: use a positive number of bytes, or one with K, M, G or T "
+                         "(e.g. 512M, 2G)")
+    return int(found.group(1)) * 1024 ** (" kmgt".index(found.group(2).lower()) if found.group(2) else 0)
 
 
 def parse_object(text: str, what: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.engine.services import DurableCalls, StepTools, ToolsForSteps
 
-__all__ = ["CALL_INDEX", "StepContext", "current_step", "running"]
+__all__ = ["CALL_SCOPE", "CallScope", "StepContext", "call_position", "current_step", "position_parts", "running"]
 
 _log = logging.getLogger("agentsaga.step")
 
@@ -29,9 +29,66 @@ _log = logging.getLogger("agentsaga.step")
 # a connection's reader, keeps a copy for as long as it lives) must not keep the step alive.
 _CURRENT: ContextVar["weakref.ref[StepContext] | None"] = ContextVar("agentsaga_current_step", default=None)
 
-#: While a durable call is being performed: its index in the step execution. What the call sends
-#: (an HTTP request's idempotency key) can be a stable function of its position with it.
-CALL_INDEX: ContextVar[int | None] = ContextVar("agentsaga_call_index", default=None)
+
+class CallScope:
+    """A durable call being performed: whose it is (``owner``, the step attempt's durable calls),
+    where it is (``position``), and what was made inside it so far.
+
+    A call's position is its number in the step execution (an ``int``, as journals have always
+    held it) or, for a call made while another one is performed, the enclosing call's position and
+    its own number inside that call, dotted: ``"1.0"`` and ``"1.1"`` are the first two calls made
+    inside call ``1``, ``"1.0.0"`` the first inside ``"1.0"``. A call answered from the journal is
+    not performed, so the calls inside it are not made: numbering them under it keeps every later
+    call's position what it was when they were journaled. Carried by a context variable, so each
+    task (``asyncio.gather``) or thread given a copy of the context numbers under its own call.
+    The owner is held weakly, as the current step is: a context copied while the call runs (a
+    connection opened inside it keeps one) must not keep the step attempt alive.
+    """
+
+    __slots__ = ("_owner", "position", "calls", "timers", "replacing")
+
+    def __init__(self, owner: object, position: int | str, replacing: bool) -> None:
+        self._owner = weakref.ref(owner)
+        self.position = position
+        self.calls = 0
+        self.timers = 0
+        #: performed again because its request changed (``if_changed="perform"``): what was journaled
+        #: inside it belongs to the request it replaces
+        self.replacing = replacing
+
+    def of(self, owner: object) -> bool:
+        """Whether this is a call of ``owner`` (one step attempt's durable calls)."""
+        return self._owner() is owner
+
+    def next_call(self) -> str:
+        n = self.calls
+        self.calls += 1
+        return f"{self.position}.{n}"
+
+    def next_timer(self) -> str:
+        n = self.timers
+        self.timers += 1
+        return f"{self.position}.{n}"
+
+
+#: The durable call being performed in this task or thread, or None.
+CALL_SCOPE: ContextVar[CallScope | None] = ContextVar("agentsaga_call", default=None)
+
+
+def call_position(owner: object | None = None) -> int | str | None:
+    """The position of the durable call being performed here (see ``CallScope``), or None outside
+    one. What the call sends (an HTTP request's idempotency key) is a stable function of it. With
+    ``owner``, only a call of those durable calls counts."""
+    scope = CALL_SCOPE.get()
+    if scope is None or (owner is not None and not scope.of(owner)):
+        return None
+    return scope.position
+
+
+def position_parts(position: int | str) -> tuple[int, ...]:
+    """``"1.10.2"`` -> ``(1, 10, 2)``; a top-level ``3`` (or ``"3"``) -> ``(3,)``. Sorting by it puts a
+    call's inner calls right after it, in order (``1``, ``1.0``, ``1.1``, ``2``)."""
+    return tuple(int(part) for part in str(position).split("."))
 
 
 def current_step() -> "StepContext | None":
@@ -57,14 +114,22 @@ class running:
 
 
 class _Abandoned:
-    """Whether one step attempt was abandoned, and the check its outgoing calls make."""
+    """Whether one step attempt was abandoned (it timed out, or it was cancelled), and the check its
+    outgoing calls make."""
 
-    __slots__ = ("step", "attempt", "revoked")
+    __slots__ = ("step", "attempt", "revoked", "cancelled")
 
     def __init__(self, step: str, attempt: int) -> None:
-        self.step, self.attempt, self.revoked = step, attempt, False
+        self.step, self.attempt, self.revoked, self.cancelled = step, attempt, False, False
 
     def guard(self) -> None:
+        if self.cancelled:
+            import asyncio
+
+            # A BaseException, as a cancellation is: a step's ``except Exception`` does not take it
+            # for a failure of its call and go on.
+            raise asyncio.CancelledError(f"step {self.step!r} attempt {self.attempt} was cancelled: nothing it does "
+                                         "after that reaches the journal or leaves the process through ctx")
         if self.revoked:
             from orchestrator.errors import StepTimeoutError
 
@@ -85,7 +150,8 @@ class StepContext:
       journaled as it arrives (never sent twice by a re-run step, replayable), redacted, guarded by
       circuit breakers, sending the idempotency key for effects
     - ``ctx.durable_call(kind, request, perform)`` / ``await ctx.adurable_call(...)``: a call journaled
-      the moment it returns and never performed twice for the same request (model calls)
+      the moment it returns and never performed twice for the same request (model calls); calls
+      made while one is performed are numbered under it (``ctx.call_position``)
     - ``ctx.wait_for(name, timeout=None)``: the data of a signal, parking the run until it arrives
     - ``ctx.sleep(seconds)``: a durable timer that survives restarts
     - ``ctx.log``: a logger that tags records with the run and step
@@ -151,7 +217,7 @@ class StepContext:
 
     @property
     def idempotency_key(self) -> str | None:
-        """This step execution's key: ``run:step:tick`` (``:epoch`` after a rollback), the same on every
+        """This step execution's key: ``run:step:tick`` (``:r{epoch}`` after a rollback), the same on every
         retry and recovery of the execution. Reading it counts as sending it (see docs/sagas.md)."""
         if self._key is not None and self._on_key is not None:
             self._on_key()
@@ -167,9 +233,21 @@ class StepContext:
         the process any more (see ``guard``)."""
         self._abandoned.revoked = True
 
+    def cancel(self) -> None:
+        """This attempt was cancelled (the task driving the run was): like ``revoke``, but what its
+        calls raise from now on is ``asyncio.CancelledError``. For a sync step still running on a
+        thread; an async step's cancellation already stopped it."""
+        self._abandoned.cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this attempt was cancelled (``cancel``)."""
+        return self._abandoned.cancelled
+
     @property
     def guard(self) -> Callable[[], None]:
-        """``guard()`` raises ``StepTimeoutError`` if this attempt was abandoned."""
+        """``guard()`` raises ``StepTimeoutError`` if this attempt was abandoned after its timeout,
+        ``asyncio.CancelledError`` if it was cancelled."""
         return self._abandoned.guard
 
     @property
@@ -227,6 +305,16 @@ class StepContext:
         time a call wakes up, every coroutine around it is resumed.)"""
         return self._durable_calls("adurable_call").adurable_call(kind, request, perform,
                                                                   if_changed=if_changed, effect=effect)
+
+    @property
+    def call_position(self) -> int | str | None:
+        """The position of this step's durable call being performed here (``2``, or ``"1.0"`` inside
+        call 1; see ``CallScope``), or None when no call of this step is being performed: what a
+        call made inside another one can build a stable name or key from."""
+        durable = self._durable
+        if durable is None or callable(durable):  # no durable call made yet
+            return None
+        return call_position(durable)
 
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         """Return signal ``name``'s data; until it is sent, the run waits (status ``waiting``)."""

@@ -30,6 +30,7 @@ from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, fold
 from orchestrator.engine.graph_changes import graph_differences
+from orchestrator.engine.names import name_problem, shown as _shown
 from orchestrator.engine.journal import ActiveRun, JournalWriter, Observer
 from orchestrator.engine.leases import Heartbeat
 from orchestrator.engine.reading import read_state, recorded_reducers
@@ -57,6 +58,7 @@ from orchestrator.errors import (
     SavepointError,
 )
 from orchestrator.payload import codec
+from orchestrator.payload.exceptions import error_record
 from orchestrator.payload.redact import JournalRedactor, Redactor
 from store import ConflictError, DuplicateRunError, LeaseHeldError, NewEvent, RunRecord, Store, StoreError
 from workflows import Workflow
@@ -132,8 +134,8 @@ class Engine:
         """What creating the run writes (``store.create_run``'s arguments), and the adaptive policy's
         choice (only ``with_choice``: it reads the store)."""
         self.workflows.register(wf)
-        if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 200):
-            raise ConfigurationError(f"run_id must be a non-empty string of at most 200 characters, got {run_id!r}")
+        if run_id is not None and (problem := name_problem(run_id)) is not None:
+            raise ConfigurationError(f"run_id must be {problem}, got {_shown(run_id)}")
         rid = run_id or uuid.uuid4().hex
         # The run names its workflow, never where its code lives (invariant 11); the reducer kinds
         # let a reader without the code fold the state right (engine/reading.py).
@@ -349,14 +351,16 @@ class Engine:
                 raise  # the database or the lease is gone: nothing else can be recovered either
             except Exception as exc:
                 # Leave the run as the journal has it (for a process with its code, or a fix); say why.
-                _log.error("recover: run %s not recovered: %s: %s", run_id, type(exc).__name__, exc)
+                why = error_record(exc, with_traceback=False)  # bounded, and safe from a __str__ that raises
+                _log.error("recover: run %s not recovered: %s: %s", run_id, type(exc).__name__, why["message"])
                 try:
                     self.store.leases.release(run_id, token=token, now=cfg.clock())
                 except StoreError:
                     pass  # fenced or gone meanwhile: the lease is not ours to give back
                 rec = self.store.get_run(run_id)
                 results.append(RunResult(run_id=run_id, status=rec.status, state=None, workflow=rec.workflow,
-                                         seq=self.store.last_seq(run_id), error=f"{type(exc).__name__}: {exc}"))
+                                         seq=self.store.last_seq(run_id),
+                                         error=f"{type(exc).__name__}: {why['message']}"))
         return results
 
     def take_over(self, rec: RunRecord, *, workflow: Workflow | None = None) -> ActiveRun:
@@ -446,8 +450,8 @@ class Engine:
         rec = self.store.get_run(run_id)
         if rec.status in TERMINAL_STATUSES:
             raise RunStateError(f"run {run_id!r} is {rec.status}; it waits for no signal")
-        if not isinstance(name, str) or not name:
-            raise RunStateError(f"a signal needs a name, got {name!r}")
+        if (problem := name_problem(name)) is not None:
+            raise RunStateError(f"a signal's name must be {problem}, got {_shown(name)}")
         # Any name is accepted at any moment: a signal for a wait the run has not reached yet is kept
         # until a step waits for it (and then consumed exactly once).
         text = self.journal.redact(codec.dumps(data, what=f"data of signal {name!r}"))  # invariant 9
@@ -504,9 +508,9 @@ class Engine:
                                          agentsaga_version=AGENTSAGA_VERSION, key=self.config.signing_key)
         return savepoints.write_savepoint(Path(path), doc)
 
-    def restore_savepoint(self, path: str | os.PathLike[str]) -> str:
+    def restore_savepoint(self, path: str | os.PathLike[str], *, max_bytes: int | None = None) -> str:
         """Bring a savepoint's run into this database (all or nothing); return its run id."""
-        point = savepoints.read_savepoint(Path(path), key=self.config.signing_key)
+        point = savepoints.read_savepoint(Path(path), key=self.config.signing_key, max_bytes=max_bytes)
         run = point.run
         wf = self.workflows.get(run["workflow"])
         if wf is None:

@@ -10,6 +10,7 @@ skip it until its wake-up time or a signal).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -18,11 +19,13 @@ from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.engine.leases import Heartbeat
-from orchestrator.engine.saga import SagaRunner, has_pending_effects
-from orchestrator.engine.steps import GaveUp, StepRunner
-from store import FencedError, Store
+from orchestrator.engine.saga import SagaRunner, has_pending_effects, in_doubt_error
+from orchestrator.engine.steps import GaveUp, StepRunner, cancelling
+from store import FencedError, Store, StoreError
 
 __all__ = ["Driver"]
+
+_log = logging.getLogger("agentsaga.engine")
 
 
 class Driver:
@@ -38,10 +41,18 @@ class Driver:
         self.clock = clock
 
     async def drive(self, run: ActiveRun) -> RunState:
-        """Run ticks until the run ends. Raises store errors (fenced, unavailable) to the caller."""
+        """Run ticks until the run ends. Raises store errors (fenced, unavailable) to the caller.
+
+        Cancelled (the task awaiting it was), the run is given back: each step running journals how
+        far it got (``StepRunner.cancelled``), and the lease is released at once, or, while a sync
+        step of the run still runs on a thread that cannot be stopped, as soon as the last such
+        thread ends (the heartbeat keeps renewing it until then). The run stays resumable, as it is in
+        its journal; the ``CancelledError`` goes on to the caller."""
         hb = self.heartbeat
         hb.hold(run.run_id, run.token)
         self.journal.driving_started()
+        run.cancels = cancelling()
+        keep_lease = False
         try:
             while run.folded.status in ("running", "compensating"):
                 if hb.lost(run.run_id):
@@ -62,10 +73,35 @@ class Driver:
                 if waits:
                     self.park(run, min(w.wake_at for w in waits))
                     break
+        except asyncio.CancelledError:
+            keep_lease = self._give_back(run)
+            raise
         finally:
             self.journal.driving_ended()
-            hb.drop(run.run_id)
+            if not keep_lease:
+                hb.drop(run.run_id)
         return run.folded
+
+    def _give_back(self, run: ActiveRun) -> bool:
+        """The drive was cancelled: release the run's lease now, or once the last thread running a
+        sync step of the run ends. True when the lease is kept for now (the heartbeat goes on)."""
+        if run.folded.status not in ("running", "compensating"):
+            return False  # ended or parked: its lease went with that
+        # (A lease taken over meanwhile makes the release below a no-op: it is fenced.)
+        threads = run.threads
+        if threads is None:
+            self._release(run)
+            return False
+        return not threads.when_idle(lambda: self._release(run))
+
+    def _release(self, run: ActiveRun) -> None:
+        """Stop renewing the lease (unless the run is driven here again, under a newer one) and give
+        it back; called on the loop, or on the last step thread of the run as it ends."""
+        self.heartbeat.drop(run.run_id, token=run.token)
+        try:
+            self.store.leases.release(run.run_id, token=run.token, now=self.clock())
+        except StoreError as exc:  # fenced (taken over meanwhile) or the database is away: it expires on its own
+            _log.info("run %s: cancelled; its lease was not given back: %s", run.run_id, exc)
 
     async def _tick(self, run: ActiveRun, pending: list[str]) -> list[BaseException | None]:
         """Run the pending steps of the tick; what each ended with (None, GaveUp or Suspend)."""
@@ -104,10 +140,15 @@ class Driver:
         first = failures[0]
         error = _summary(first.error)
         batch: list[tuple[str, dict[str, Any]]] = [(EventKind.STEP_FAILED, f.event) for f in failures]
+        doubts = [*run.folded.doubts, *({"step": f.step, **f.event["doubt"]} for f in failures if f.event.get("doubt"))]
         if has_pending_effects(run.folded):
-            # The saga runs next in drive(), so a crash from here on resumes it.
+            # The saga runs next in drive(), so a crash from here on resumes it; it lists the doubts.
             batch.append((EventKind.SAGA_STARTED, {"reason": "failure", "after_seq": 0, "step": first.step,
                                                    "error": error}))
+        elif doubts:
+            # Nothing to compensate, but an effect may stand: the run's outcome says so, loudly.
+            batch.append((EventKind.RUN_FAILED, {"step": first.step, "error": in_doubt_error(first.step, error, doubts),
+                                                 "in_doubt": [_doubt_entry(d) for d in doubts]}))
         else:
             batch.append((EventKind.RUN_FAILED, {"step": first.step, "error": error}))
         self.journal.commit(run, batch)
@@ -115,3 +156,7 @@ class Driver:
 
 def _summary(error: dict[str, Any]) -> dict[str, Any]:
     return {"type": error.get("type"), "message": error.get("message")}
+
+
+def _doubt_entry(doubt: dict[str, Any]) -> dict[str, Any]:
+    return {"step": doubt.get("step"), "key": doubt.get("key"), "reason": doubt.get("reason")}

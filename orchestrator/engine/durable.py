@@ -7,9 +7,16 @@ are journaled *inside* the step, so none of it is lost or repeated when the step
 - ``ctx.durable_call(kind, request, perform)``: call ``i`` of a step execution is journaled as
   ``CallCompleted`` the moment it returns, in its own transaction. When the step runs again (a
   retry, a recovery, a wake-up), call ``i`` with the same (redacted) request returns the journaled
-  response without performing it: a paid model call is never paid twice, not even by a retry. A different request means the code changed: it is
-  performed and journaled anew. Under replay (``Orchestrator(replay=cassette)``) responses come
-  from the cassette and a different request is an error that shows the difference.
+  response without performing it: a paid model call is never paid twice, not even by a retry. A
+  different request means the code changed: ``CallChangedError``, or with ``if_changed="perform"``
+  it is performed and journaled anew. Under replay (``Orchestrator(replay=cassette)``) responses
+  come from the cassette and a different request is an error that shows the difference.
+- Calls made while another call is performed (a tool that asks a model, ``ctx.http`` inside a
+  tool) are numbered under it: ``"1.0"``, ``"1.1"`` inside call ``1`` (``context.CallScope``).
+  When call ``1`` is answered from the journal its inner calls are not made, and the calls after
+  it keep their numbers; when it is performed again (it had not completed), its inner calls are
+  answered from the journal in turn. Top-level calls are numbered ``0, 1, 2...`` as they always
+  were, so journals and cassettes written before nesting existed replay unchanged.
 - ``ctx.wait_for(name, timeout=None)``: returns the data of signal ``name``. A signal already sent
   (even before the step waited) is consumed and journaled as ``SignalReceived`` in one
   transaction. Otherwise ``WaitStarted`` is journaled, the run becomes ``waiting``, its lease is
@@ -28,6 +35,7 @@ import asyncio
 import difflib
 import inspect
 import json
+import math
 import os
 import queue
 import threading
@@ -35,13 +43,15 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from orchestrator.engine.context import CALL_INDEX
+from orchestrator.engine.context import CALL_SCOPE, CallScope
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, Encoded, JournalWriter
+from orchestrator.engine.names import name_problem, shown
 from orchestrator.errors import (
     CallChangedError,
     CallFailedError,
     CircuitOpenError,
+    EncodingError,
     PermanentToolError,
     RetryableToolError,
     ToolError,
@@ -52,10 +62,12 @@ from orchestrator.payload.exceptions import error_record
 from orchestrator.payload.redact import same_request
 from store import FencedError, RunNotFoundError
 
-__all__ = ["CALL_INDEX", "FOREVER", "CallGuard", "DurableExecution", "Suspend", "check_lease", "recorded_error"]
+__all__ = ["FOREVER", "CallGuard", "DurableExecution", "Suspend", "check_lease", "recorded_error"]
 
 #: wake_at of a run waiting with no timeout: only a signal wakes it
 FOREVER = 1e18
+#: where a call (or a timer) is in its step execution: ``3``, or ``"3.1"`` inside call 3 (``CallScope``)
+Position = int | str
 _NOT_DONE = object()  # no journaled response for this call yet
 
 
@@ -144,10 +156,23 @@ class DurableExecution:
         self._timers = 0
 
     # durable calls
-    def _prepare(self, kind: str, request: Mapping[str, Any], if_changed: str) -> tuple[int, str, Any, bool]:
-        """Number the call and find its journaled outcome: (index, the request's journal text,
-        response or ``_NOT_DONE``, whether it replaces a changed request). A journaled ``null``
-        response is a response like any other; a journaled failure of this attempt is raised again."""
+    def _position(self) -> tuple[Position, bool]:
+        """The next call's position, and whether it is made inside a call performed again because its
+        request changed. Inside a call of this attempt being performed, the next number under it;
+        else the next top-level number. A call of another execution (a run driven from inside a
+        call, say) does not count: its positions are its own."""
+        scope = CALL_SCOPE.get()
+        if scope is not None and scope.of(self):
+            return scope.next_call(), scope.replacing
+        index = self._calls
+        self._calls += 1
+        return index, False
+
+    def _prepare(self, kind: str, request: Mapping[str, Any], if_changed: str) -> tuple[Position, str, Any, bool, bool]:
+        """Number the call and find its journaled outcome: (position, the request's journal text,
+        response or ``_NOT_DONE``, whether it replaces a changed request, whether the calls made
+        inside it replace theirs). A journaled ``null`` response is a response like any other; a
+        journaled failure of this attempt is raised again."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"durable_call kind must be a non-empty string, got {kind!r}")
         if if_changed not in ("raise", "perform"):
@@ -155,48 +180,67 @@ class DurableExecution:
         if not isinstance(request, Mapping):
             raise TypeError(f"durable_call request in step {self.step!r} must be a JSON object (a dict), got "
                             f"{type(request).__name__}; wrap it, e.g. {{'messages': [...]}}")
-        index = self._calls
-        self._calls += 1
+        position, inside_replaced = self._position()
         # Redacted as the event will be: redaction changes nothing but secrets (whether the pre-filter
         # fires on this request or, later, on the whole event), so this is what the journal will hold
         # (and, put in place, what its event holds: ``JournalWriter.with_parts``). Decoded only to be
         # compared with a journaled call or a cassette's.
-        text = self.journal.redact(codec.dumps(dict(request), what=f"request of {kind} call {index} in step "
+        text = self.journal.redact(codec.dumps(dict(request), what=f"request of {kind} {_call(position)} in step "
                                                                        f"{self.step!r}"))
-        prior = self.run.folded.calls.get(self.step, {}).get(str(index))
+        prior = self.run.folded.calls.get(self.step, {}).get(str(position))
         if prior is not None:
             journaled_request = codec.loads(text)
             if prior["kind"] == kind and same_request(prior["request"], journaled_request):
                 if "error" not in prior:
-                    return index, text, prior["response"], False
+                    return position, text, prior["response"], False, inside_replaced
                 if prior.get("attempt") == self.attempt:
                     # This attempt's call failed before a crash: its outcome is decided, raise it again
                     # rather than sending it twice (a retry, a later attempt, performs it anew).
-                    raise recorded_error(prior["error"], self.step, index)
-                return index, text, _NOT_DONE, False
-            if if_changed == "raise":
-                raise CallChangedError(_changed(self.step, index, prior, kind, journaled_request))
-            return index, text, _NOT_DONE, True
+                    raise recorded_error(prior["error"], self.step, position)
+                return position, text, _NOT_DONE, False, inside_replaced
+            # A call inside one performed again for a changed request belongs to that request: it
+            # may change with it (the enclosing call's if_changed="perform" covers what it makes).
+            if if_changed == "raise" and not inside_replaced:
+                raise CallChangedError(_changed(self.step, position, prior, kind, journaled_request))
+            return position, text, _NOT_DONE, True, True
         if self.replay is not None:  # answered from the cassette, journaled as replayed
-            response = self.replay.lookup(self.step, self.visit, index, kind, codec.loads(text))
-            return index, text, self._record(kind, index, text, response, 0.0, replayed=True), False
-        return index, text, _NOT_DONE, False
+            response = self.replay.lookup(self.step, self.visit, position, kind, codec.loads(text))
+            return position, text, self._record(kind, position, text, response, 0.0, replayed=True), False, False
+        return position, text, _NOT_DONE, False, inside_replaced
 
-    def _record(self, kind: str, index: int, request: str, response: Any, ms: float, *,
+    def _record(self, kind: str, position: Position, request: str, response: Any, ms: float, *,
                 replayed: bool = False, replaced: bool = False, effect: Any = None) -> Any:
-        self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(
-            kind, index, request, response, ms, replayed, replaced, effect))])
-        return self.run.folded.calls[self.step][str(index)]["response"]
+        try:
+            self.journal.commit(self.run, [(EventKind.CALL_COMPLETED, self._completed(
+                kind, position, request, response, ms, replayed, replaced, effect))])
+        except EncodingError as exc:
+            raise self._unjournaled(kind, position, response, exc) from None
+        return self.run.folded.calls[self.step][str(position)]["response"]
 
-    async def _arecord(self, kind: str, index: int, request: str, response: Any, ms: float, *,
+    async def _arecord(self, kind: str, position: Position, request: str, response: Any, ms: float, *,
                        replaced: bool = False, effect: Any = None) -> Any:
-        data = self._completed(kind, index, request, response, ms, False, replaced, effect)
-        await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
-        return self.run.folded.calls[self.step][str(index)]["response"]
+        try:
+            data = self._completed(kind, position, request, response, ms, False, replaced, effect)
+            await self.journal.acommit(self.run, [(EventKind.CALL_COMPLETED, data)])
+        except EncodingError as exc:
+            raise self._unjournaled(kind, position, response, exc) from None
+        return self.run.folded.calls[self.step][str(position)]["response"]
 
-    def _completed(self, kind: str, index: int, request: str, response: Any, ms: float, replayed: bool,
+    def _unjournaled(self, kind: str, position: Position, response: Any, exc: EncodingError) -> EncodingError:
+        """The error for a call that was made but whose outcome cannot be journaled: naming the call
+        and the path in its response (not the event's), and saying it was made. EncodingError is never
+        retried, so the call is not made a second time."""
+        try:
+            codec.dumps(response, what=f"response of {kind} call {position} in step {self.step!r}")
+        except EncodingError as precise:
+            exc = precise
+        return EncodingError(f"{exc} (the call was made; the step fails rather than make it again)",
+                             path=exc.path, type_name=exc.type_name)
+
+    def _completed(self, kind: str, position: Position, request: str, response: Any, ms: float, replayed: bool,
                    replaced: bool, effect: Any) -> dict[str, Any] | Encoded:
-        """The ``CallCompleted`` event (``request``: its journal text, from ``_prepare``). An abandoned
+        """The ``CallCompleted`` event (``request``: its journal text, from ``_prepare``; ``index``: the
+        call's position, an int or, inside another call, its dotted path). An abandoned
         attempt records nothing: the in-memory part of the guard is asked first. The lease is not
         read again here: the append that journals this event carries the run's lease token and is
         refused by the store, in the same transaction, when the token is stale (store/_journal.py:
@@ -205,7 +249,7 @@ class DurableExecution:
         (invariant 6) without a read of its own."""
         if self.guard is not None:
             self.guard.attempt()
-        data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": index, "kind": kind,
+        data: dict[str, Any] = {"step": self.step, "tick": self.tick, "index": position, "kind": kind,
                                 "response": response, "ms": round(ms, 3)}
         if replayed:
             data["replayed"] = True
@@ -218,7 +262,7 @@ class DurableExecution:
         # The request was encoded and redacted when the call was numbered: its text goes in as it is.
         return self.journal.with_parts(EventKind.CALL_COMPLETED, data, {"request": request})
 
-    def _record_failure(self, kind: str, index: int, request: str, exc: Exception, ms: float) -> None:
+    def _record_failure(self, kind: str, position: Position, request: str, exc: Exception, ms: float) -> None:
         if self.guard is not None:
             try:
                 self.guard()
@@ -230,50 +274,52 @@ class DurableExecution:
             if value is not None:
                 error[name] = value
         self.journal.commit(self.run, [(EventKind.CALL_FAILED, self.journal.with_parts(EventKind.CALL_FAILED, {
-            "step": self.step, "tick": self.tick, "index": index, "kind": kind, "error": error,
+            "step": self.step, "tick": self.tick, "index": position, "kind": kind, "error": error,
             "attempt": self.attempt, "ms": round(ms, 3)}, {"request": request}))])
 
     def durable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Any], *,
                      if_changed: str = "raise", effect: Callable[[Any], dict[str, Any] | None] | None = None) -> Any:
-        index, text, response, replaced = self._prepare(kind, request, if_changed)
+        position, text, response, replaced, replacing = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
         if self.guard is not None:
             self.guard()
         started = time.perf_counter()
-        position = CALL_INDEX.set(index)
+        scope = CALL_SCOPE.set(CallScope(self, position, replacing))
         try:
             response = perform()
         except Exception as exc:
-            self._record_failure(kind, index, text, exc, (time.perf_counter() - started) * 1000)
+            self._record_failure(kind, position, text, exc, (time.perf_counter() - started) * 1000)
             raise
         finally:
-            CALL_INDEX.reset(position)
+            CALL_SCOPE.reset(scope)
         if inspect.isawaitable(response):
             raise TypeError(f"durable_call in step {self.step!r} got a coroutine; use await ctx.adurable_call")
-        return self._record(kind, index, text, response, (time.perf_counter() - started) * 1000,
+        return self._record(kind, position, text, response, (time.perf_counter() - started) * 1000,
                             replaced=replaced, effect=effect)
 
     async def adurable_call(self, kind: str, request: Mapping[str, Any], perform: Callable[[], Awaitable[Any]], *,
                             if_changed: str = "raise",
                             effect: Callable[[Any], dict[str, Any] | None] | None = None) -> Any:
-        index, text, response, replaced = self._prepare(kind, request, if_changed)
+        # Numbered before the first await: calls started together (asyncio.gather) take their
+        # positions in the order they were started, whichever finishes first.
+        position, text, response, replaced, replacing = self._prepare(kind, request, if_changed)
         if response is not _NOT_DONE:
             return response
         if self.guard is not None:
             await self._aguard(self.guard)
         started = time.perf_counter()
-        position = CALL_INDEX.set(index)
+        scope = CALL_SCOPE.set(CallScope(self, position, replacing))
         try:
             response = perform()
             if inspect.isawaitable(response):
                 response = await response
         except Exception as exc:
-            self._record_failure(kind, index, text, exc, (time.perf_counter() - started) * 1000)
+            self._record_failure(kind, position, text, exc, (time.perf_counter() - started) * 1000)
             raise
         finally:
-            CALL_INDEX.reset(position)
-        return await self._arecord(kind, index, text, response, (time.perf_counter() - started) * 1000,
+            CALL_SCOPE.reset(scope)
+        return await self._arecord(kind, position, text, response, (time.perf_counter() - started) * 1000,
                                     replaced=replaced, effect=effect)
 
     async def _aguard(self, guard: CallGuard) -> None:
@@ -287,10 +333,11 @@ class DurableExecution:
 
     # signals
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"wait_for needs a signal name, got {name!r}")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"wait_for timeout must be a number of seconds >= 0, got {timeout!r}")
+        if (problem := name_problem(name)) is not None:
+            raise ValueError(f"wait_for's signal name must be {problem}, got {shown(name)}")
+        if timeout is not None and not _seconds(timeout):
+            raise ValueError(f"wait_for timeout must be a finite number of seconds >= 0 (None: no timeout), "
+                             f"got {timeout!r}")
         folded, key = self.run.folded, f"{self.step}:{name}"
         if key in folded.received:
             return folded.received[key]
@@ -312,10 +359,16 @@ class DurableExecution:
 
     # timers
     def sleep(self, seconds: float) -> None:
-        if not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"ctx.sleep needs a number of seconds >= 0, got {seconds!r}")
-        index = self._timers
-        self._timers += 1
+        if not _seconds(seconds):
+            raise ValueError(f"ctx.sleep needs a finite number of seconds >= 0, got {seconds!r}")
+        # A timer inside a durable call is numbered under it, as a call would be: when that call is
+        # answered from the journal the timer is not reached, and later timers keep their numbers.
+        scope = CALL_SCOPE.get()
+        if scope is not None and scope.of(self):
+            index: Position = scope.next_timer()
+        else:
+            index = self._timers
+            self._timers += 1
         now = self.clock()
         wake_at = self.run.folded.timers.get(f"{self.step}:{index}")
         if wake_at is None:
@@ -422,7 +475,16 @@ for _lane in (_GUARDS, _SQLITE_GUARDS):
 _TOOL_ERRORS = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError)}
 
 
-def recorded_error(error: Mapping[str, Any], step: str, index: int) -> Exception:
+def _call(position: Position, kind: str | None = None) -> str:
+    """How a message names a call: ``call 2 (llm)``, or ``call 1.0 (llm, inside call 1)``."""
+    text = str(position)
+    about = [kind] if kind else []
+    if "." in text:
+        about.append(f"inside call {text.rsplit('.', 1)[0]}")
+    return f"call {text} ({', '.join(about)})" if about else f"call {text}"
+
+
+def recorded_error(error: Mapping[str, Any], step: str, position: Position) -> Exception:
     """The exception a journaled call failure stands for: the same tool error class with its fields
     (the journal holds no pickled exceptions), or a ``CallFailedError`` naming the original type."""
     type_name = str(error.get("type", "Exception"))
@@ -435,18 +497,25 @@ def recorded_error(error: Mapping[str, Any], step: str, index: int) -> Exception
         return CircuitOpenError(message, tool=error.get("tool"))
     if cls is not None:
         return cls(message, tool=error.get("tool"), status=error.get("status"))
-    return CallFailedError(f"call {index} of step {step!r} failed earlier in this attempt and is not performed "
+    return CallFailedError(f"{_call(position)} of step {step!r} failed earlier in this attempt and is not performed "
                            f"again: {type_name}: {message}", type_name=type_name)
 
 
-def _changed(step: str, index: int, prior: Mapping[str, Any], kind: str, request: Any) -> str:
+def _changed(step: str, position: Position, prior: Mapping[str, Any], kind: str, request: Any) -> str:
     before = prior["request"] if prior["kind"] == kind else {"kind": prior["kind"], "request": prior["request"]}
     after = request if prior["kind"] == kind else {"kind": kind, "request": request}
     diff = [line for line in difflib.unified_diff(
         json.dumps(before, indent=1, sort_keys=True, default=str).splitlines(),
         json.dumps(after, indent=1, sort_keys=True, default=str).splitlines(),
         "journaled", "now", lineterm="", n=1)][:40]
-    return (f"call {index} ({kind}) of step {step!r} was journaled with a different request: the code changed "
+    return (f"{_call(position, kind)} of step {step!r} was journaled with a different request: the code changed "
             "since it ran, and performing it again could pay twice. Pass if_changed='perform' to that call to "
             "perform the new request (journaled as replacing the old one), or restore the code.\n"
             + "\n".join(diff))
+
+
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a duration a timer can be journaled with: a finite number >= 0 (not a
+    bool). NaN or infinity would reach the journal as a wake-up time JSON cannot hold."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value >= 0)

@@ -32,7 +32,8 @@ class EventKind:
     STEP_STARTED: Final = "StepStarted"          # durable intent (effects): the idempotency key
     KEY_ISSUED: Final = "KeyIssued"              # an effect attempt's key was read or sent: a re-send is safe
     STEP_COMPLETED: Final = "StepCompleted"      # output, trace, routing decision, timings
-    STEP_FAILED: Final = "StepFailed"            # one failed attempt, or the final failure
+    STEP_FAILED: Final = "StepFailed"            # one failed attempt, or the final failure (doubt: its effect may stand)
+    STEP_CANCELLED: Final = "StepCancelled"      # the task driving the run was cancelled during an attempt
 
     # -- inside a step: durable calls, signals, timers ----------------------------------------------
     CALL_COMPLETED: Final = "CallCompleted"      # call i of a step execution returned (model, tool, http)

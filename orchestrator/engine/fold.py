@@ -60,13 +60,14 @@ class RunState:
     saga: dict[str, Any] | None = None
     #: incremented by each rollback, so effects re-made after one get fresh idempotency keys
     epoch: int = 0
-    #: durable calls of steps not yet completed: step -> {index: {kind, request, response}}
+    #: durable calls of steps not yet completed: step -> {position: {kind, request, response}}, the
+    #: position as text: "0", "1", ... and, for a call made inside call 1, "1.0", "1.1", ...
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: signal waits in progress: "step:name" -> {timeout_at}
     waits: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: signals received by steps not yet completed: "step:name" -> data
     received: dict[str, Any] = field(default_factory=dict)
-    #: durable timers of steps not yet completed: "step:index" -> wake_at
+    #: durable timers of steps not yet completed: "step:index" -> wake_at ("step:1.0" inside call 1)
     timers: dict[str, float] = field(default_factory=dict)
     #: when the next attempt of a failed step may start (its journaled backoff): step -> epoch seconds
     retry_at: dict[str, float] = field(default_factory=dict)
@@ -76,6 +77,10 @@ class RunState:
     #: an attempt that is over: step -> key. A later attempt with the same key, crashed before it sent
     #: anything, is re-sent with it: the other side already knows that key (invariant 4).
     issued: dict[str, str] = field(default_factory=dict)
+    #: effects that may have taken effect although their step failed for good (its key had left the
+    #: process, and no check hook settled it): {"seq", "step", "key", "tick", "reason"}, oldest first.
+    #: Never compensated (there is no result to undo them with): the run's outcome lists them.
+    doubts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +108,7 @@ class RunState:
             "code": self.code,
             # Only when there is one: snapshots written before the field existed compare equal.
             **({"issued": self.issued} if self.issued else {}),
+            **({"doubts": self.doubts} if self.doubts else {}),
         }
 
     @classmethod
@@ -169,7 +175,7 @@ def _step_completed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Re
         }
         # The effects its calls made (tools of a tool loop) are undone with the step, by its
         # compensation: they join its record instead of standing alone (never compensated twice).
-        mine = [e for e in run.effects if e["step"] == step and e["call"] >= 0 and e["tick"] == run.tick
+        mine = [e for e in run.effects if e["step"] == step and e["call"] != -1 and e["tick"] == run.tick
                 and not e["compensated"] and e.get("epoch", 0) == run.epoch]
         if mine:
             record["calls"] = [{"index": e["call"], "name": e["name"], "key": e["key"], "result": e["result"]}
@@ -199,9 +205,30 @@ def _forget_step(run: RunState, step: str, *, keep_waits: bool = False) -> None:
             del table[key]
 
 
+def _step_cancelled(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    step = data["step"]
+    intent = run.in_flight.get(step)
+    if intent is None:
+        return  # a step with no durable start: nothing was promised, the step just runs again
+    if not data.get("called"):
+        # Cancelled before the step's function was called: nothing of the attempt can have left the
+        # process, so its intent is withdrawn (not in doubt). Not a failed attempt either.
+        run.in_flight.pop(step, None)
+    else:
+        # The function ran: what it did is in doubt as after a crash (invariant 4), settled on resume.
+        intent["cancelled"] = True
+
+
 def _step_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     step = data["step"]
-    if data.get("in_doubt") and step in run.in_flight:
+    doubt = data.get("doubt") if data.get("final") else None
+    if doubt:
+        # The step gave up, but its effect may stand: recorded as in doubt (its intent, if one was
+        # still in flight, is this record now).
+        run.in_flight.pop(step, None)
+        run.doubts.append({"seq": seq, "step": step, "key": doubt.get("key"), "tick": run.tick,
+                           "reason": doubt.get("reason")})
+    elif data.get("in_doubt") and step in run.in_flight:
         # The attempt timed out while it may have reached the outside world: its intent stays in
         # flight, so the next attempt (or a recovery) reconciles it instead of re-sending blindly.
         run.in_flight[step]["in_doubt"] = True
@@ -394,6 +421,7 @@ _APPLY: dict[str, Callable[[RunState, int, Mapping[str, Any], Reduce], None]] = 
     EventKind.KEY_ISSUED: _key_issued,
     EventKind.STEP_COMPLETED: _step_completed,
     EventKind.STEP_FAILED: _step_failed,
+    EventKind.STEP_CANCELLED: _step_cancelled,
     # inside a step
     EventKind.CALL_COMPLETED: _call_completed,
     EventKind.CALL_FAILED: _call_failed,

@@ -35,11 +35,11 @@ from orchestrator.engine.snapshots import SnapshotChain, SnapshotMeta, restore_r
 from orchestrator.engine.views import copy_json
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
-from store import NewEvent, Store
+from store import NewEvent, Store, StoreError
 from workflows import Snapshots, Workflow, reducers
 from workflows.errors import ReducerError
 
-__all__ = ["ActiveRun", "Encoded", "JournalWriter", "Observer", "UpdateRefused"]
+__all__ = ["ActiveRun", "Encoded", "JournalWriter", "Observer", "StepThreads", "UpdateRefused"]
 
 _log = logging.getLogger("agentsaga.engine")
 
@@ -57,12 +57,51 @@ class UpdateRefused(Exception):
         super().__init__(str(error))
 
 
+class StepThreads:
+    """The threads running sync steps of one run (a thread cannot be stopped): how many, and what to
+    do once none is left (``when_idle``). A cancelled drive gives the run's lease back through it,
+    only once no thread of the run can act any more."""
+
+    __slots__ = ("_lock", "_count", "_idle")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._idle: list[Callable[[], None]] = []
+
+    def enter(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._count -= 1
+            if self._count:
+                return
+            idle, self._idle = self._idle, []
+        for callback in idle:
+            callback()
+
+    def running(self) -> int:
+        with self._lock:
+            return self._count
+
+    def when_idle(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` now (True) if no thread runs, else when the last one leaves (False)."""
+        with self._lock:
+            if self._count:
+                self._idle.append(callback)
+                return False
+        callback()
+        return True
+
+
 class ActiveRun:
     """A run this process is driving: its workflow, its lease token and what its journal folds to."""
 
     __slots__ = ("run_id", "workflow", "token", "folded", "last_snapshot_seq", "snapshot_at", "every", "lock",
                  "broken", "snapshot_bytes", "journal_total", "snapshot_total", "last_snapshot", "pending", "chain",
-                 "row_status")
+                 "row_status", "threads", "cancels")
 
     def __init__(self, run_id: str, workflow: Workflow, token: int, folded: RunState, last_snapshot_seq: int, *,
                  snapshot_at: float | None = None, every: int | None = None) -> None:
@@ -99,6 +138,10 @@ class ActiveRun:
         self.pending = 0
         #: how this process writes the run's snapshots (full, or incremental links of a chain)
         self.chain: SnapshotChain | None = None
+        #: the threads running its sync steps (made when the first one starts)
+        self.threads: StepThreads | None = None
+        #: cancellations of the driving task already pending when its drive began (engine/steps.py)
+        self.cancels = 0
 
     @property
     def journal_bytes(self) -> int:
@@ -247,6 +290,14 @@ class JournalWriter:
             return await future
         except asyncio.CancelledError:
             self.committer.wait(entry)  # the run is created or not; only then does the cancellation go on
+            if entry.error is None and item.get("lease_owner") is not None:
+                # Created, leased to this process, and now nobody drives it: give the lease back at once,
+                # so that recover, a worker or another process continues it without waiting for expiry.
+                try:
+                    self.store.leases.release(item["run_id"], token=entry.value, now=self.clock())
+                except StoreError as exc:
+                    _log.warning("run %s: created, then cancelled; its lease could not be given back (it expires "
+                                 "on its own): %s", item["run_id"], exc)
             raise
 
     def _observe(self, run: ActiveRun, events: list[NewEvent], snap: dict[str, Any] | None) -> None:

@@ -44,8 +44,12 @@ class Heartbeat:
                 self._thread = threading.Thread(target=self._loop, name="agentsaga-heartbeat", daemon=True)
                 self._thread.start()
 
-    def drop(self, run_id: str) -> None:
+    def drop(self, run_id: str, *, token: int | None = None) -> None:
+        """Stop renewing the run's lease (only the one of ``token``, when given: a newer lease on the
+        run, taken since, is kept)."""
         with self._lock:
+            if token is not None and self._held.get(run_id) != token:
+                return
             self._held.pop(run_id, None)
             self._lost.discard(run_id)
 

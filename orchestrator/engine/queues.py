@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engine.names import name_problem, shown
 from orchestrator.errors import ConfigurationError, RunStateError
 from store import DuplicateRunError, Store
 from workflows import Workflow
@@ -34,9 +35,9 @@ _QUEUE_NAME = re.compile(r"^[^\s=]{1,200}$")  # no '=': the CLI spells limits QU
 
 
 def check_queue_name(queue: Any) -> str:
-    if not isinstance(queue, str) or not _QUEUE_NAME.match(queue):
+    if not isinstance(queue, str) or not _QUEUE_NAME.match(queue) or name_problem(queue) is not None:
         raise ConfigurationError(f"a queue name must be a non-empty string of at most 200 characters, without "
-                                 f"spaces or '=', got {queue!r}")
+                                 f"spaces, '=' or control characters, got {shown(queue)}")
     return queue
 
 
@@ -60,8 +61,8 @@ class Queues:
         check_queue_name(queue)
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31 - 1:
             raise ConfigurationError(f"priority must be an integer (32-bit), got {priority!r}")
-        if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key or len(dedup_key) > 200):
-            raise ConfigurationError(f"dedup_key must be a non-empty string of at most 200 characters, got {dedup_key!r}")
+        if dedup_key is not None and (problem := name_problem(dedup_key)) is not None:
+            raise ConfigurationError(f"dedup_key must be {problem}, got {shown(dedup_key)}")
         try:
             created = self._create_run(workflow, input, run_id=run_id, lease=False, queue=queue,
                                        priority=priority, dedup_key=dedup_key)

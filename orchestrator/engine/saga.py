@@ -34,9 +34,11 @@ from orchestrator.engine.fold import RunState
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.engine.retries import not_before
 from orchestrator.engine.services import ToolsForSteps
+from orchestrator.errors import EncodingError
+from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 
-__all__ = ["SagaRunner", "effect_records", "has_pending_effects"]
+__all__ = ["SagaRunner", "effect_records", "has_pending_effects", "in_doubt_error"]
 
 
 def effect_records(folded: RunState) -> list[EffectRecord]:
@@ -51,6 +53,22 @@ def effect_records(folded: RunState) -> list[EffectRecord]:
 
 def has_pending_effects(folded: RunState) -> bool:
     return any(not e["compensated"] for e in folded.effects)
+
+
+def _doubt_words(doubts: list[dict[str, Any]]) -> str:
+    names = ", ".join(f"{d.get('step')} (key {d.get('key')})" for d in doubts)
+    return (f"these effects may have taken effect and were NOT undone (in doubt): {names}; look each key up at "
+            "its service and undo what stands by hand (docs/sagas.md, \"In doubt after a failure\")")
+
+
+def in_doubt_error(step: Any, error: dict[str, Any], doubts: list[dict[str, Any]], *,
+                   compensated: bool = False) -> dict[str, Any]:
+    """The run's error when it failed with effects in doubt: an ``InDoubtError`` naming the step's own
+    error, and each effect and key that may stand."""
+    cause = f"{error.get('type')}: {error.get('message')}" if error else "a failure"
+    others = "; its other effects were compensated" if compensated else ""
+    return {"type": "orchestrator.errors.InDoubtError",
+            "message": f"run failed at step {step!r} ({cause}){others}; {_doubt_words(doubts)}"}
 
 
 # -- running a saga ----------------------------------------------------------------------------------
@@ -93,8 +111,11 @@ class SagaRunner:
             if not await self._compensate_one(run, effect, handler):
                 return  # SagaFailed committed: compensation_failed
         lost = [e.describe() for e in plan.uncompensable]
-        # Effects whose intent is journaled but not their outcome cannot be planned: say so.
-        in_doubt = [{"step": d["step"], "key": d.get("key")} for d in folded.in_flight.values() if d.get("key")]
+        # Effects that may stand but have no result to undo them with cannot be planned: say so. Those
+        # whose step failed for good after its key left (``doubts``), and those whose intent is
+        # journaled but not their outcome (a run cancelled with an effect in flight).
+        in_doubt = [{"step": d["step"], "key": d.get("key"), "reason": d.get("reason")} for d in folded.doubts]
+        in_doubt += [{"step": step, "key": d.get("key")} for step, d in folded.in_flight.items() if d.get("key")]
         reason = saga.get("reason", "failure")
         if reason == "rollback":
             commit(run, [(EventKind.ROLLED_BACK, {
@@ -105,12 +126,22 @@ class SagaRunner:
             commit(run, [(EventKind.SAGA_COMPLETED, {"outcome": "cancelled", "uncompensable": lost, "in_doubt": in_doubt})])
         elif lost:
             # A tool call's effect by its tool's name, in the step that called it; a step's by the step.
-            names = ", ".join(f"{e['name']} (key {e['key']})" if e.get("call", -1) < 0 or e.get("name") == e["step"]
+            names = ", ".join(f"{e['name']} (key {e['key']})" if e.get("call", -1) == -1 or e.get("name") == e["step"]
                               else f"{e['name']} in step {e['step']} (key {e['key']})" for e in lost)
-            error = {"type": "orchestrator.errors.UncompensatedEffects",
-                     "message": f"run failed at step {saga.get('step')!r} and these effects have no compensation "
-                                f"and were NOT undone: {names}"}
-            commit(run, [(EventKind.RUN_FAILED, {"step": saga.get("step"), "error": error, "uncompensable": lost})])
+            message = (f"run failed at step {saga.get('step')!r} and these effects have no compensation "
+                       f"and were NOT undone: {names}")
+            if in_doubt:
+                message += "; " + _doubt_words(in_doubt)
+            error = {"type": "orchestrator.errors.UncompensatedEffects", "message": message}
+            data: dict[str, Any] = {"step": saga.get("step"), "error": error, "uncompensable": lost}
+            if in_doubt:
+                data["in_doubt"] = in_doubt
+            commit(run, [(EventKind.RUN_FAILED, data)])
+        elif in_doubt:
+            # Everything that could be undone was; what may stand without a result to undo it with
+            # keeps the run from claiming it was compensated.
+            error = in_doubt_error(saga.get("step"), saga.get("error") or {}, in_doubt, compensated=True)
+            commit(run, [(EventKind.RUN_FAILED, {"step": saga.get("step"), "error": error, "in_doubt": in_doubt})])
         else:
             commit(run, [(EventKind.SAGA_COMPLETED, {"outcome": "compensated", "in_doubt": in_doubt})])
 
@@ -177,8 +208,28 @@ class SagaRunner:
             if trace:
                 data["trace"] = trace
             await _close_tools(ctx, data)
-            commit(run, [(EventKind.COMPENSATION_COMPLETED, data)])
+            try:
+                commit(run, [(EventKind.COMPENSATION_COMPLETED, data)])
+            except EncodingError:
+                # The undo happened: it must be journaled as done, or every resume would undo it
+                # again (invariant 5) and the run would stay compensating. What cannot be journaled
+                # of what it returned or traced is replaced by why.
+                commit(run, [(EventKind.COMPENSATION_COMPLETED, _journalable(data, effect.step))])
             return True
+
+
+def _journalable(data: dict[str, Any], step: str) -> dict[str, Any]:
+    """``data`` with each of its ``result`` and ``trace`` that cannot be journaled replaced by a
+    ``<name>_unjournaled`` note giving the EncodingError."""
+    out = dict(data)
+    for part in ("result", "trace"):
+        if part in out:
+            try:
+                codec.dumps(out[part], what=f"the {part} of the compensation of step {step!r}")
+            except EncodingError as exc:
+                del out[part]
+                out[f"{part}_unjournaled"] = str(exc)
+    return out
 
 
 async def _close_tools(ctx: StepContext, data: dict[str, Any]) -> None:

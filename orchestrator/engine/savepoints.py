@@ -38,7 +38,7 @@ from orchestrator.engine.snapshots import SNAPSHOT_SCHEMA, snapshot_problem
 from orchestrator.errors import SavepointError
 from store import EventRecord, NewEvent, NewSnapshot, RunRecord, SnapshotRecord
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Savepoint", "build_savepoint", "read_savepoint", "write_savepoint"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_BYTES", "Savepoint", "build_savepoint", "read_savepoint", "write_savepoint"]
 
 FORMAT = "agentsaga-savepoint"
 #: The layout this code writes and reads; a file of a newer layout is refused, never guessed at.
@@ -124,17 +124,41 @@ def write_savepoint(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def read_savepoint(path: Path, *, key: bytes | None) -> Savepoint:
-    """Read, decompress and verify a savepoint file; ``SavepointError`` names what is wrong."""
-    where = f"savepoint {str(path)!r}"
+#: the most bytes a savepoint may decompress to, unless the reader is given another bound: far above
+#: any run's journal, and what the reader may hold in memory before it refuses a gzip bomb
+MAX_BYTES = 256 * 1024 * 1024
+_CHUNK = 1024 * 1024
+
+
+def _decompress(path: Path, where: str, max_bytes: int) -> bytes:
+    """The file's decompressed bytes, read a chunk at a time and refused past ``max_bytes`` (a file
+    of a few kilobytes can decompress to gigabytes): memory never holds more than the bound."""
+    parts: list[bytes] = []
+    total = 0
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as fh, gzip.GzipFile(fileobj=fh, mode="rb") as unzipped:
+            while chunk := unzipped.read(_CHUNK):
+                total += len(chunk)
+                if total > max_bytes:
+                    raise SavepointError(
+                        f"{where} decompresses to more than {max_bytes:,} bytes, the most a savepoint may hold here: "
+                        "refused before anything was written (a file that size is likely not a savepoint; if it is "
+                        "one, raise the bound: restore --max-size, or restore(path, max_bytes=...))")
+                parts.append(chunk)
+    except IsADirectoryError:
+        raise SavepointError(f"cannot read {where}: it is a directory, not a savepoint file") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise SavepointError(f"{where} is truncated or not a savepoint (it does not decompress: {exc})") from None
     except OSError as exc:
         raise SavepointError(f"cannot read {where}: {exc.strerror or exc}") from None
-    try:
-        text = gzip.decompress(raw)
-    except (EOFError, OSError, zlib.error) as exc:
-        raise SavepointError(f"{where} is truncated or not a savepoint (it does not decompress: {exc})") from None
+    return b"".join(parts)
+
+
+def read_savepoint(path: Path, *, key: bytes | None, max_bytes: int | None = None) -> Savepoint:
+    """Read, decompress and verify a savepoint file; ``SavepointError`` names what is wrong. The
+    file may decompress to at most ``max_bytes`` (default ``MAX_BYTES``)."""
+    where = f"savepoint {str(path)!r}"
+    text = _decompress(Path(path), where, MAX_BYTES if max_bytes is None else max_bytes)
     try:
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import logging
 import threading
 import random
 import time
@@ -26,18 +27,39 @@ from orchestrator.engine.context import StepContext, running
 from orchestrator.engine.durable import CallGuard, DurableExecution, Suspend
 from orchestrator.engine.code_changes import step_code
 from orchestrator.engine.events import EventKind
-from orchestrator.engine.journal import PURE_REDUCERS, ActiveRun, JournalWriter, UpdateRefused
+from orchestrator.engine.journal import PURE_REDUCERS, ActiveRun, JournalWriter, StepThreads, UpdateRefused
 from orchestrator.engine.retries import StopAttempts, attempts, with_timeout
 from orchestrator.engine.services import ToolsForSteps
 from orchestrator.engine.views import CowDict, copy_json
-from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError, StepTimeoutError
+from orchestrator.errors import EncodingError, InDoubtError, LoopLimitError, StepTimeoutError, ToolError
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 from store import Store, StoreError
 from workflows import reducers
 from workflows.errors import RoutingError
 
-__all__ = ["StepRunner", "GaveUp"]
+__all__ = ["StepRunner", "GaveUp", "cancelling", "refused"]
+
+_log = logging.getLogger("agentsaga.engine")
+
+#: 4xx answers that do not say the request was refused for good: the service may act on it yet.
+_UNDECIDED_4XX = frozenset({408, 409, 425, 429})
+
+
+def refused(exc: BaseException, ctx: StepContext | None) -> bool:
+    """Whether an attempt that failed with ``exc`` was refused outright by the service it called: the
+    error is a tool error with a 4xx answer (not 408, 409, 425 or 429), and none of the attempt's
+    requests was answered with success. A refusal (a declined card) means the effect did not happen."""
+    status = getattr(exc, "status", None)
+    if not isinstance(exc, ToolError) or not isinstance(status, int) or not 400 <= status < 500 \
+            or status in _UNDECIDED_4XX:
+        return False
+    tools = ctx.used_tools if ctx is not None else None
+    for call in (tools.calls if tools is not None else ()):
+        answered = call.get("status") if isinstance(call, dict) else None
+        if isinstance(answered, int) and answered < 400:
+            return False  # an earlier request of the attempt went through
+    return True
 
 
 class _Settled(StopAttempts):
@@ -56,6 +78,14 @@ class GaveUp(StopAttempts):
         self.error = error
         self.event = event
         super().__init__(f"step {step!r} failed: {error['type']}: {error['message']}")
+
+
+class _CheckRaised(Exception):
+    """A check hook raised (``error``): the effect it was asked about stays in doubt."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        super().__init__(str(error))
 
 
 class _Permanent(Exception):
@@ -118,9 +148,14 @@ class StepRunner:
             # says the run is waiting (invariant 2); the timeout or wake-up time is kept from the first.
             self.journal.commit(run, [(suspend.kind, dict(suspend.data))])
             raise
-        except (StoreError, asyncio.CancelledError, GaveUp):
+        except asyncio.CancelledError:
+            self.cancelled(run, execution)
+            raise
+        except (StoreError, GaveUp):
             raise  # the journal is unreachable or the lease is gone (or the step gave up already)
         except Exception as exc:
+            if step.effect and await self.settle_failed(run, name, execution, exc):
+                return  # its check hook found the effect done: the step's completion is journaled
             self.fail(run, name, execution.attempt, exc, ctx=execution.ctx)
             return
         attempt = execution.attempt
@@ -187,54 +222,139 @@ class StepRunner:
         wf = run.workflow
         step = wf.steps[name]
         folded = run.folded
-        view = state_view(wf, folded.state)
-        check = resolve_check(step, self.compensations)
-        if check is not None:
-            ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=folded.failures.get(name, 0) + 1,
-                              tick=folded.tick, clock=self.clock, idempotency_key=key)
+        attempt = folded.failures.get(name, 0) + 1
+        if resolve_check(step, self.compensations) is not None:
             try:
-                found = check(ctx, view)
-                if inspect.isawaitable(found):
-                    found = await found
-            except Exception as exc:
+                return await self.ask_check(run, name, key, attempt)
+            except _Permanent as permanent:  # what the hook answered cannot be the step's update
+                self.fail(run, name, attempt, permanent.error)
+                return True
+            except _CheckRaised as raised:
                 # The effect stays in doubt: say so at the step, visibly, instead of leaving the run stuck.
+                exc = raised.error
                 doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened, and its check "
                                      f"hook raised {type(exc).__name__}: {exc}; it is not sent again")
                 doubt.__cause__ = exc
-                self.fail(run, name, ctx.attempt, doubt)
+                self.fail(run, name, attempt, doubt)
                 return True
-            if found is None:
-                return False
-            update = wf.normalise_update(name, found)
-            data: dict[str, Any] = {
-                "step": name, "tick": folded.tick, "attempt": ctx.attempt, "input": self.input_ref(run, name),
-                "update": update, "next": self.route(run, name, update), "ms": 0.0, "reconciled": "check",
-                "effect": True, "key": key, "compensable": resolve_compensation(step, self.compensations) is not None,
-            }
-            joins = wf.join_targets(name)
-            if joins:
-                data["join"] = joins
-            try:
-                self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
-            except UpdateRefused as refused:
-                self.fail(run, name, ctx.attempt, refused.error)
-            return True
         if step.resend is True:
             return False
         if step.resend is False:
-            self.fail(run, name, folded.failures.get(name, 0) + 1, InDoubtError(
+            self.fail(run, name, attempt, InDoubtError(
                 f"effect step {name!r} (key {key!r}) may or may not have happened: it has no check hook and "
                 "resend=False, so it is not sent again"))
             return True
-        if folded.in_flight.get(name, {}).get("key_issued"):
+        intent = folded.in_flight.get(name, {})
+        if intent.get("key_issued"):
             return False  # its key went out with the call: the other side recognises a re-send
-        self.fail(run, name, folded.failures.get(name, 0) + 1, InDoubtError(
-            f"effect step {name!r} may or may not have happened, and its idempotency key {key!r} had not left the "
+        how = ("its attempt was cancelled while the step's function ran" if intent.get("cancelled")
+               else "it may or may not have happened")
+        self.fail(run, name, attempt, InDoubtError(
+            f"effect step {name!r}: {how}, and its idempotency key {key!r} had not left the "
             "process (ctx.idempotency_key was not read, ctx.http had sent nothing), so a call made another way "
             "could be done twice by a re-send. Give the step a check= hook that looks the effect up, or declare "
             "resend=True if it reaches the world only through ctx.http (every request carries the key) or its "
             "call is idempotent by other means"))
         return True
+
+    async def ask_check(self, run: ActiveRun, name: str, key: str | None, attempt: int) -> bool:
+        """Ask the step's check hook whether its effect happened. True: it did, and the step's
+        completion (the hook's update, ``reconciled: check``) is journaled, or the step failed when
+        that update cannot be journaled; False: it did not. Raises ``_CheckRaised`` when the hook raised, and
+        ``_Permanent`` (an ``InDoubtError``) when what it answered cannot be the step's update."""
+        wf = run.workflow
+        step = wf.steps[name]
+        folded = run.folded
+        check = resolve_check(step, self.compensations)
+        assert check is not None
+        ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=attempt, tick=folded.tick,
+                          clock=self.clock, idempotency_key=key)
+        try:
+            found = check(ctx, state_view(wf, folded.state))
+            if inspect.isawaitable(found):
+                found = await found
+        except Exception as exc:
+            raise _CheckRaised(exc) from exc
+        if found is None:
+            return False
+        try:
+            update = wf.normalise_update(name, found)
+            next_steps = self.route(run, name, update)
+        except _Permanent:
+            raise  # the caller fails the step (in doubt, when it failed for good: settle_failed)
+        except Exception as exc:
+            raise _Permanent(_bad_check(name, key, exc)) from exc
+        data: dict[str, Any] = {
+            "step": name, "tick": folded.tick, "attempt": attempt, "input": self.input_ref(run, name),
+            "update": update, "next": next_steps, "ms": 0.0, "reconciled": "check",
+            "effect": True, "key": key, "compensable": resolve_compensation(step, self.compensations) is not None,
+        }
+        joins = wf.join_targets(name)
+        if joins:
+            data["join"] = joins
+        try:
+            self.journal.commit(run, [(EventKind.STEP_COMPLETED, data)])
+        except UpdateRefused as refused:
+            self.fail(run, name, attempt, refused.error)
+        except EncodingError:
+            # What the hook found cannot be journaled: say where, and fail the step (not the run's driver).
+            try:
+                codec.dumps(update, what=f"the update the check hook of effect step {name!r} returned")
+                raise
+            except EncodingError as precise:
+                raise _Permanent(_bad_check(name, key, precise)) from None
+        return True
+
+    async def settle_failed(self, run: ActiveRun, name: str, execution: _Execution, exc: Exception) -> bool:
+        """An effect step failed for good. If its effect may have taken effect anyway (``doubt``) and
+        the step has a check hook, ask the hook: found done, the step is settled as completed, like an
+        in-doubt attempt after a crash or a timeout; not done, the step fails as it is, saying the hook
+        found nothing; the hook raising leaves the failure in doubt, saying so. True when the step was
+        settled here (completed, routed, or ``GaveUp`` raised); False when there is nothing to ask
+        (no doubt, or no hook): the caller fails the step."""
+        doubt = self.doubt(run, name, exc, execution.ctx)
+        if doubt is None or resolve_check(run.workflow.steps[name], self.compensations) is None:
+            return False
+        try:
+            if await self.ask_check(run, name, doubt["key"], execution.attempt):
+                return True
+        except _CheckRaised as raised:
+            reason = f"{doubt['reason']}; its check hook raised {type(raised.error).__name__}: {raised.error}"
+            self.fail(run, name, execution.attempt, exc, ctx=execution.ctx, doubt={**doubt, "reason": reason})
+            return True  # (fail raised GaveUp, or took the failure route)
+        except _Permanent as permanent:  # the hook's update cannot be routed: the step fails, still in doubt
+            self.fail(run, name, execution.attempt, permanent.error, ctx=execution.ctx, doubt=doubt)
+            return True
+        self.fail(run, name, execution.attempt, exc, ctx=execution.ctx, doubt=False, checked="not done")
+        return True
+
+    def doubt(self, run: ActiveRun, name: str, exc: BaseException, ctx: StepContext | None) -> dict[str, Any] | None:
+        """Whether an effect step failing for good with ``exc`` may have taken effect anyway:
+        ``{"key", "reason"}``, or None. It may when its idempotency key left the process in an attempt
+        of this execution (the key is sent with the call, or read to be sent) or an attempt timed out
+        after it started, unless the last attempt was refused outright (``refused``); and always
+        when the failure is itself an ``InDoubtError`` (a crash, a timeout or a cancellation that
+        could not be settled)."""
+        folded = run.folded
+        intent = folded.in_flight.get(name) or {}
+        key = intent.get("key") or folded.issued.get(name) or idempotency_key(run, name)
+        if isinstance(exc, InDoubtError):
+            return {"key": key, "reason": "the outcome of an attempt could not be settled (no check hook, and its "
+                                          "key had not left the process or re-sending was refused)"}
+        if intent.get("in_doubt"):
+            return {"key": key, "reason": "its last attempt timed out after it started, and may have reached the "
+                                          "outside world"}
+        if not (intent.get("key_issued") or name in folded.issued):
+            return None  # no key left: nothing the engine can see reached the world
+        if refused(exc, ctx):
+            return None
+        if any(e["step"] == name and e["tick"] == folded.tick and e["call"] != -1 for e in folded.effects):
+            # Its effects were journaled call by call (a tool loop's effect tools, durable calls with
+            # ``effect=``): the step's key was read to derive theirs, each completed one is in the
+            # journal and compensated with the run, so the step's own key is no effect of its own.
+            return None
+        return {"key": key, "reason": f"its idempotency key had left the process, and it failed with "
+                                      f"{type(exc).__name__}: the service may have acted before the failure"}
 
     @staticmethod
     def route(run: ActiveRun, name: str, update: dict[str, Any]) -> list[str]:
@@ -259,14 +379,24 @@ class StepRunner:
             raise _Permanent(RoutingError(f"router of step {name!r} raised {type(exc).__name__}: {exc}", step=name)) from exc
 
     def fail(self, run: ActiveRun, name: str, attempt: int, exc: BaseException,
-             ctx: StepContext | None = None) -> None:
-        """Journal a final failure; follow the failure route if the step has one, else give up."""
+             ctx: StepContext | None = None, *, doubt: dict[str, Any] | bool | None = None,
+             checked: str | None = None) -> None:
+        """Journal a final failure; follow the failure route if the step has one, else give up.
+
+        An effect step's failure carries ``doubt`` (its key and why) when its effect may have taken
+        effect anyway (``doubt`` None: decided here; False: it did not, a check hook said so)."""
         step = run.workflow.steps[name]
         error = error_record(exc)
         data: dict[str, Any] = {"step": name, "tick": run.folded.tick, "attempt": max(attempt, 1), "error": error,
                                 "retry_in": None, "final": True}
         if step.journals_start and isinstance(exc, StepTimeoutError):
             data["in_doubt"] = True
+        if doubt is None and step.effect:
+            doubt = self.doubt(run, name, exc, ctx)
+        if doubt:
+            data["doubt"] = doubt
+        if checked is not None:
+            data["checked"] = checked
         _add_records(data, ctx)
         if step.on_failure:
             data["route"] = step.on_failure
@@ -289,14 +419,16 @@ class StepRunner:
         return issue
 
     @staticmethod
-    async def call(step: Any, ctx: StepContext, view: Any, offload: bool) -> Any:
+    async def call(step: Any, ctx: StepContext, view: Any, offload: bool, execution: _Execution | None = None) -> Any:
         """Call the step function: async on the loop; sync inline, or on a thread when running in
         parallel or under a timeout.
 
         A thread cannot be stopped. A sync step past its timeout is abandoned: it runs on a daemon
         thread of its own (the caller is not held until it returns), and its context is revoked, so
         nothing it does afterwards reaches the journal or leaves through ``ctx`` (durable calls,
-        ``ctx.http``); what it did before is in doubt, like after a crash (docs/guarantees.md)."""
+        ``ctx.http``); what it did before is in doubt, like after a crash (docs/guarantees.md).
+        Each such thread is counted in its run's ``threads`` while it runs: a cancelled drive gives
+        the lease back only once none is left (engine/driver.py)."""
         timeout = step.timeout
         with running(ctx):  # current_step() for integrations; tasks and threads below copy it
             if step.is_async:
@@ -305,10 +437,45 @@ class StepRunner:
                 return await with_timeout(step.fn(ctx, view), timeout, step.name, on_timeout=ctx.revoke)
             if timeout is None and not offload:
                 return step.fn(ctx, view)
+            fn = step.fn
+            if execution is not None:
+                run = execution.run
+                if run.threads is None:
+                    run.threads = StepThreads()
+                fn = execution.thread = _Counted(fn, run.threads, ctx)
             if timeout is None:
-                return await asyncio.to_thread(step.fn, ctx, view)
-            return await with_timeout(_on_daemon_thread(step.fn, ctx, view, name=step.name), timeout, step.name,
+                return await asyncio.to_thread(fn, ctx, view)
+            return await with_timeout(_on_daemon_thread(fn, ctx, view, name=step.name), timeout, step.name,
                                       on_timeout=ctx.revoke)
+
+    def cancelled(self, run: ActiveRun, execution: _Execution) -> None:
+        """The task driving the run was cancelled during this step: journal how far its attempt got
+        (``StepCancelled``), so a resume knows what may have left the process.
+
+        An attempt whose function was not called yet withdraws its intent (nothing can have left:
+        not in doubt). One whose function ran is in doubt exactly as after a crash, and is settled
+        the same way on resume. A sync step still running on a thread cannot be stopped: its context
+        is cancelled (nothing more leaves through ``ctx`` or reaches the journal) and the driver keeps
+        the run's lease until the thread ends. Journaling is best effort: a store that fails here
+        leaves the journal as a crash would, and the cancellation goes on."""
+        if not execution.live:
+            return  # between attempts (a backoff wait): the journal already says where the step is
+        ctx = execution.ctx
+        if ctx is not None:
+            ctx.cancel()
+        data: dict[str, Any] = {"step": execution.name, "tick": execution.tick, "attempt": execution.attempt,
+                                "called": execution.called}
+        thread = execution.thread
+        if thread is not None and not thread.done:
+            data["still_running"] = True  # on a thread that may still act: the lease stays until it ends
+        if execution.step.effect:
+            intent = run.folded.in_flight.get(execution.name) or {}
+            data["key_left"] = bool(intent.get("key_issued"))
+        try:
+            self.journal.commit(run, [(EventKind.STEP_CANCELLED, data)])
+        except Exception as exc:  # noqa: BLE001 (the cancellation must go on; the journal is as a crash leaves it)
+            _log.warning("run %s: step %s was cancelled and that could not be journaled: %s: %s", run.run_id,
+                         execution.name, type(exc).__name__, exc)
 
 
 class _Execution:
@@ -318,7 +485,7 @@ class _Execution:
     every object a waiting step holds is one more for the garbage collector to walk."""
 
     __slots__ = ("runner", "run", "name", "step", "tick", "prior", "key", "input_ref", "failure", "compensable",
-                 "offload", "attempt", "ctx", "started")
+                 "offload", "attempt", "ctx", "started", "live", "called", "thread", "cancels")
 
     def __init__(self, runner: StepRunner, run: ActiveRun, name: str, tick: int, prior: int, key: str,
                  input_ref: dict[str, Any], failure: dict[str, Any] | None, compensable: bool, offload: bool) -> None:
@@ -330,6 +497,15 @@ class _Execution:
         self.ctx: StepContext | None = None
         #: when the latest attempt started (perf_counter)
         self.started = time.perf_counter()
+        #: whether the latest attempt has begun and not ended (a cancellation then ends it), and whether
+        #: the step's function was called in it
+        self.live = False
+        self.called = False
+        #: the latest attempt's sync function on a thread (``_Counted``), if it runs on one
+        self.thread: _Counted | None = None
+        #: cancellations already pending for the task running the step when it began: the drive's
+        #: (a step of a parallel tick runs in a task of its own, which starts with none)
+        self.cancels = 0 if offload else run.cancels
 
     async def attempt_once(self) -> Any:
         runner, run, name, step = self.runner, self.run, self.name, self.step
@@ -337,9 +513,12 @@ class _Execution:
             # The previous attempt timed out with its effect in doubt: settle it before another.
             if await runner.reconcile(run, name, self.key):
                 raise _Settled
+        if cancelling() > self.cancels:
+            raise asyncio.CancelledError  # asked for while the run was between awaits: nothing begins
         self.attempt += 1
         this = self.attempt
         self.started = time.perf_counter()
+        self.live, self.called, self.thread = True, False, None
         if step.journals_start:
             # Intent before effect, for every attempt (invariant 4): a crash during a retry finds
             # this attempt in flight and reconciles it; it is never re-sent blindly.
@@ -355,18 +534,32 @@ class _Execution:
             durable=functools.partial(_durable_calls, runner, run, name, self.tick, self.compensable))
         # A fresh view each attempt: what an earlier attempt did to its view is gone with it.
         view = state_view(run.workflow, run.folded.state)
+        if cancelling() > self.cancels:
+            # A cancellation was asked for that this task has not met yet (asked by code of this task
+            # as it committed, an observer say, or by another as it wrote without waiting): stop
+            # before the function is called, so the journal can say that nothing left.
+            raise asyncio.CancelledError
+        self.called = True
         try:
             if step.breaker is None:
-                return await runner.call(step, ctx, view, self.offload)
-            return await self._behind_breaker(ctx, view)
+                result = await runner.call(step, ctx, view, self.offload, self)
+            else:
+                result = await self._behind_breaker(ctx, view)
+        except asyncio.CancelledError:
+            raise  # the attempt is still live: StepRunner.cancelled journals how far it got
+        except BaseException:
+            self.live = False
+            raise
         finally:
             if ctx.used_tools is not None:
                 await ctx.used_tools.aclose()
+        self.live = False
+        return result
 
     async def _behind_breaker(self, ctx: StepContext, view: Any) -> Any:
         # (Apart from attempt_once: the lambda makes closure cells of its locals, every attempt.)
         step, runner = self.step, self.runner
-        return await ctx.tools.guard(step.breaker, lambda: runner.call(step, ctx, view, self.offload))
+        return await ctx.tools.guard(step.breaker, lambda: runner.call(step, ctx, view, self.offload, self))
 
     def journal_retry(self, exc: BaseException | None, delay: float) -> None:
         runner = self.runner
@@ -387,6 +580,34 @@ def _durable_calls(runner: StepRunner, run: ActiveRun, name: str, tick: int, com
     return DurableExecution(runner.journal, run, name, tick, signals=runner.store.signals, clock=runner.clock,
                             replay=runner.replay, attempt=ctx.attempt, guard=CallGuard(ctx.guard, runner.store, run),
                             compensable=compensable)
+
+
+class _Counted:
+    """A sync step function run on a thread, counted in its run's ``threads`` while it runs. If its
+    attempt was cancelled before the thread got to it, it does not run at all (the thread counts
+    itself first and then looks, and the canceller cancels the context first and then counts: so
+    either the function never runs, or the count holds the lease until it returns)."""
+
+    __slots__ = ("fn", "threads", "ctx", "done")
+
+    def __init__(self, fn: Callable[..., Any], threads: StepThreads, ctx: StepContext) -> None:
+        self.fn, self.threads, self.ctx, self.done = fn, threads, ctx, False
+
+    def __call__(self, *args: Any) -> Any:
+        self.threads.enter()
+        try:
+            if self.ctx.cancelled:
+                raise asyncio.CancelledError(f"step {self.ctx.step!r} was cancelled before its thread started")
+            return self.fn(*args)
+        finally:
+            self.done = True
+            self.threads.leave()
+
+
+def cancelling() -> int:
+    """How many cancellations of the current task are pending (0 outside a task)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
 
 
 def _on_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Awaitable[Any]:
@@ -422,6 +643,15 @@ def _has_compensation(step: Any, compensations: Compensations | None) -> bool:
         return False
 
 
+def _bad_check(name: str, key: str | None, exc: Exception) -> InDoubtError:
+    """A check hook answered with something that is not an update the journal can hold: the effect
+    stays in doubt, visibly, instead of the run's driver failing on every resume."""
+    doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened: its check hook "
+                         f"returned what cannot be its update ({type(exc).__name__}: {exc}); it is not sent again")
+    doubt.__cause__ = exc
+    return doubt
+
+
 def state_view(wf: Any, state: dict[str, Any]) -> Any:
     """What a step sees: a copy-on-access view of a dict state (``engine.views``): nothing it does
     to it reaches ``state``, and it costs what the step reaches, not the whole state. A typed state
@@ -449,9 +679,19 @@ def preview(wf: Any, state: dict[str, Any], update: dict[str, Any]) -> dict[str,
 
 def idempotency_key(run: ActiveRun, name: str) -> str:
     """(run, step, tick[, rollback epoch]): stable across retries and recoveries of one execution,
-    different for each loop iteration and after a rollback."""
-    base = f"{run.run_id}:{name}:{run.folded.tick}"
-    return base if run.folded.epoch == 0 else f"{base}:{run.folded.epoch}"
+    different for each loop iteration and after a rollback.
+
+    The epoch is written ``:r{n}``: request ``i`` of an execution sends ``{key}:{i}`` (docs/sagas.md),
+    so a bare ``:{n}`` made the key of the execution after the n-th rollback that of request ``n`` of
+    the execution it undid, and the service answered the new request with the undone booking. An
+    execution that journaled its key already (its intent in flight, or the key issued by an earlier
+    attempt) keeps that key, whatever this code would make of it now."""
+    folded = run.folded
+    kept = (folded.in_flight.get(name) or {}).get("key") or folded.issued.get(name)
+    if kept is not None:
+        return kept
+    base = f"{run.run_id}:{name}:{folded.tick}"
+    return base if folded.epoch == 0 else f"{base}:r{folded.epoch}"
 
 
 def _add_records(data: dict[str, Any], ctx: StepContext | None) -> None:

@@ -36,13 +36,40 @@ _SCALARS = (str, int, float, bool, bytes, type(None))
 
 def copy_json(value: Any) -> Any:
     """A deep copy of JSON-shaped data (dicts, lists, scalars), faster than ``copy.deepcopy``."""
+    try:
+        return _copy(value)
+    except RecursionError:
+        # Nested deeper than this recursion allows (two frames a level) but not than the journal
+        # does: what was journaled can always be copied.
+        return _copy_deep(value)
+
+
+def _copy(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: copy_json(v) for k, v in value.items()}
+        return {k: _copy(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [copy_json(v) for v in value]
+        return [_copy(v) for v in value]
     if isinstance(value, _SCALARS):
         return value
     return copy.deepcopy(value)
+
+
+def _copy_deep(value: Any) -> Any:
+    """``_copy`` without recursion over dicts and lists (other values are copied with ``_copy``)."""
+    root: list[Any] = [None]
+    # (source, the container the copy goes in, its key there)
+    stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+    while stack:
+        item, parent, key = stack.pop()
+        if isinstance(item, dict):
+            parent[key] = made = dict.fromkeys(item)
+            stack.extend((v, made, k) for k, v in item.items())
+        elif isinstance(item, list):
+            parent[key] = made = [None] * len(item)
+            stack.extend((v, made, i) for i, v in enumerate(item))
+        else:
+            parent[key] = _copy(item)
+    return root[0]
 
 
 def cow(value: Any) -> Any:

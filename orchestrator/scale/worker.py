@@ -31,7 +31,8 @@ How the work is laid out, and why:
 - **Stopping.** On SIGTERM or SIGINT the worker stops claiming and lets in-flight runs finish for
   up to ``drain`` seconds; then it hands the rest back: each stops at its next step boundary (an
   awaiting async step is cancelled) and its lease is released, so another worker takes it at once
-  instead of after the lease expires. A step still running then is in doubt like after a crash
+  instead of after the lease expires (a run whose sync step runs on a thread keeps it until that
+  thread ends: engine/driver.py). A step still running then is in doubt like after a crash
   (effects are re-sent with the same idempotency key). A second signal skips the wait.
 - **Runs it cannot drive.** A worker drives only the workflows it was given (registered code,
   invariant 11: a run names its workflow, never a module to import). A run of another workflow (or
@@ -417,7 +418,10 @@ class Worker:
             self._count("completed", int(status in TERMINAL_STATUSES))
         except (FencedError, asyncio.CancelledError) as exc:
             if run_id in self._handing_back or isinstance(exc, asyncio.CancelledError):
-                self._release(run_id, token)
+                # A cancelled drive gives its lease back itself, or keeps it (still renewed) until a
+                # sync step's thread that cannot be stopped ends: never release under that thread.
+                if not orc.engine.heartbeat.holds(run_id):
+                    self._release(run_id, token)
                 self._count("handed_back")
                 status = "handed_back"
                 _log.info("run %s handed back (lease released for another worker)", run_id)

@@ -15,7 +15,9 @@ or as a process of its own, so that a test can SIGKILL the orchestrator and keep
     python -m orchestrator.testing.booking_service --port 0 --ledger ledger.jsonl [--delay S]
 
 which prints its base URL on the first line of stdout and serves until SIGINT or SIGTERM
-(``--fail-payments 402`` or ``500:N``: payments are declined always, or fail N times).
+(``--fail-payments 402`` or ``500:N``: payments are declined always, or fail N times;
+``--fail-after-payment 500[:N]`` or ``drop[:N]``: payments are made, then answered with an error or
+not answered at all).
 
 Endpoints (JSON bodies):
 
@@ -34,6 +36,11 @@ path returns the original status and body without booking again (the ledger gets
 entry, so a test can see a re-send happened); the same key with a different body is ``422``.
 Deterministic outcomes (2xx, and a payment's 402 decline) are remembered; a 5xx is not, so a retry
 with the same key really retries. Requests run concurrently; one lock makes each booking atomic.
+
+``fail_after_payment(500)`` (or ``drop=True``) scripts the failure a client cannot tell from a
+refusal: the payment is made (and remembered under its key, as a service that charged does), then
+the answer is a 500 (or the connection is closed with no answer at all). The ledger gets the
+``book`` (or ``replay``) entry and then ``answer_failed``.
 
 The ledger is kept in memory and, with ``ledger_path``, appended to a JSON-lines file one whole
 line per write, so a test in another process can count side effects. State (bookings, keys) lives
@@ -74,6 +81,8 @@ class BookingService:
         self._keys: dict[str, tuple[str, str, str, int, dict[str, Any]]] = {}  # key -> (method, path, hash, status, body)
         self._payment_status: int | None = None  # status payments fail with; None = they succeed
         self._payment_times: int | None = None  # failures left; None = always
+        self._after_status: int | None = None  # answer of a payment made (0: none, the connection closes)
+        self._after_times: int | None = None  # such answers left; None = always
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -119,6 +128,16 @@ class BookingService:
     def succeed_payments(self) -> None:
         with self._lock:
             self._payment_status = self._payment_times = None
+            self._after_status = self._after_times = None
+
+    def fail_after_payment(self, status: int = 500, times: int | None = None, *, drop: bool = False) -> None:
+        """Make payments go through and then fail to answer, ``times`` times or always: the payment
+        is made (or, for a known key, replayed) and the client gets ``status`` (5xx), or, with
+        ``drop``, no answer at all (the connection is closed)."""
+        if not drop and not 500 <= status <= 599:
+            raise ValueError(f"fail_after_payment(status={status!r}) must be a 5xx status (or drop=True)")
+        with self._lock:
+            self._after_status, self._after_times = (0 if drop else status), times
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -148,10 +167,26 @@ class BookingService:
             if self.delay:
                 time.sleep(self.delay)  # outside the lock, so concurrent requests overlap
             with self._lock:
-                return self._dispatch(method, path, body, raw, key)
+                status, reply = self._dispatch(method, path, body, raw, key)
+                if self._after_status is not None and method == "POST" and path.strip("/") == "payments" \
+                        and status < 300:
+                    status, reply = self._answer_failed(reply, key)
+                return status, reply
         finally:
             with self._lock:
                 self.in_flight -= 1
+
+    def _answer_failed(self, reply: Any, key: str | None) -> tuple[int, Any]:
+        """The payment was made (or replayed); its answer fails as scripted (status 0: no answer)."""
+        status = self._after_status
+        assert status is not None
+        if self._after_times is not None:
+            self._after_times -= 1
+            if self._after_times <= 0:
+                self._after_status = self._after_times = None
+        self._log("answer_failed", kind="payment", id=(reply or {}).get("id"), status=status or None,
+                  dropped=status == 0, idempotency_key=key)
+        return status, (None if status == 0 else {"error": "internal error after the payment was made"})
 
     def _dispatch(self, method: str, path: str, body: Any, raw: bytes, key: str | None) -> tuple[int, Any]:
         parts = [p for p in path.split("/") if p]
@@ -243,6 +278,9 @@ def _handler(service: BookingService) -> type[BaseHTTPRequestHandler]:
             else:
                 path = self.path.split("?", 1)[0]
                 status, reply = service.handle(self.command, path, body, raw, self.headers.get("Idempotency-Key"))
+            if status == 0:  # scripted: the work is done, and no answer ever comes
+                self.close_connection = True
+                return
             data = json.dumps(reply).encode()
             try:
                 self.send_response(status)
@@ -269,11 +307,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to wait before each response")
     parser.add_argument("--fail-payments", metavar="STATUS[:N]",
                         help="payments fail with STATUS (402 declined, 5xx outage), N times or always")
+    parser.add_argument("--fail-after-payment", metavar="STATUS[:N]",
+                        help="payments are made, then answered with STATUS (5xx), or not at all ('drop'), "
+                             "N times or always")
     args = parser.parse_args(argv)
     service = BookingService(port=args.port, ledger_path=args.ledger, delay=args.delay)
     if args.fail_payments:
         status, _, times = args.fail_payments.partition(":")
         service.fail_payments(int(status), int(times) if times else None)
+    if args.fail_after_payment:
+        status, _, times = args.fail_after_payment.partition(":")
+        drop = status == "drop"
+        try:
+            service.fail_after_payment(500 if drop else int(status), int(times) if times else None, drop=drop)
+        except ValueError as exc:
+            parser.error(f"--fail-after-payment {args.fail_after_payment!r}: {exc}")
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     print(service.start(), flush=True)

@@ -13,7 +13,9 @@ and, inside a step, its durable calls (a re-run step reuses journaled responses)
 Every request carries the step's idempotency key, as a stable function of its position: request
 ``i`` of a step execution (``i`` counts every durable call of the execution: model calls, tool
 calls, HTTP requests) sends ``ctx.idempotency_key`` for ``i == 0`` and ``f"{key}:{i}"`` after, the
-same on every retry and recovery, whichever earlier requests were answered from the journal.
+same on every retry and recovery, whichever earlier requests were answered from the journal. A
+request made inside another durable call (``ctx.http`` in a tool of the tool loop) has a dotted
+position, ``"1.0"`` for the first inside call 1, and sends ``f"{key}:1.0"``, as stable.
 Outside a durable execution (a compensation, an effect tool's own requests) requests are numbered
 in the order they are sent. An explicit ``Idempotency-Key`` header wins.
 """
@@ -26,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from compensations import BreakerConfig, BreakerRegistry, default_breakers
-from orchestrator.engine.context import CALL_INDEX
+from orchestrator.engine.context import call_position
 from orchestrator.engine.services import DurableCalls
 from orchestrator.errors import PermanentToolError
 from orchestrator.payload.redact import Redactor
@@ -145,7 +147,7 @@ class StepTools:
     def _next_key(self) -> str | None:
         if self.key is None:
             return None
-        position = CALL_INDEX.get() if self.durable is not None else None
+        position = call_position(self.durable) if self.durable is not None else None
         if position is None:
             position = self._made
             self._made += 1

@@ -11,15 +11,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_helpers import API_KEY, calls  # noqa: E402
+from agent_helpers import API_KEY, calls, raw_journal  # noqa: E402
 
 from compensations import BreakerConfig  # noqa: E402
 from orchestrator import Orchestrator  # noqa: E402
 from orchestrator.testing import error, reply  # noqa: E402
-from orchestrator.agents import LLM  # noqa: E402
+from orchestrator.agents import LLM, AsyncLLM  # noqa: E402
 from orchestrator import PromptError  # noqa: E402
 from orchestrator.agents import Prompt  # noqa: E402
-from orchestrator import CircuitOpenError, PermanentToolError, RetryableToolError  # noqa: E402
+from orchestrator import CircuitOpenError, ConfigurationError, PermanentToolError, RetryableToolError  # noqa: E402
 from workflows import END, Workflow  # noqa: E402
 
 
@@ -204,3 +204,90 @@ def test_a_reply_whose_content_is_neither_text_nor_parts_is_not_a_chat_completio
     with pytest.raises(PermanentToolError, match="not a chat completion"):
         llm.complete(llm.request("hi"))
     assert chat.count == 1
+
+
+# -- every error from the provider says who answered, with what status, and never the key ---------------
+def _ask(llm_class, llm):
+    import asyncio
+
+    if llm_class is LLM:
+        return llm.complete(llm.request("hi"))
+    return asyncio.run(llm.acomplete(llm.request("hi")))
+
+
+@pytest.mark.parametrize("llm_class", [LLM, AsyncLLM], ids=["sync", "async"])
+@pytest.mark.parametrize("status, phrase", [(400, "400 Bad Request"), (404, "404 Not Found"), (409, "409 Conflict"),
+                                            (413, "413 Request Entity Too Large"), (422, "422 Unprocessable Entity")])
+def test_a_4xx_names_the_provider_and_its_status_and_never_the_key(chat, sleeps, llm_class, status, phrase):
+    # Given a provider answering a client error whose message echoes the API key back
+    chat.fail(status, message=f"model 'm' does not exist (key {API_KEY})")
+
+    async def no_sleep(seconds):
+        sleeps.append(seconds)
+
+    llm = llm_class(base_url=chat.url, model="m", api_key=API_KEY,
+                    sleep=sleeps.append if llm_class is LLM else no_sleep)
+    # When the client asks
+    with pytest.raises(PermanentToolError) as caught:
+        _ask(llm_class, llm)
+    # Then the error starts with who answered and with what, says it was not retried, carries the
+    # provider's own words, and not the key
+    message = str(caught.value)
+    assert message.startswith(f"LLM provider {llm.provider} answered {phrase}: "), message
+    assert "not retried" in message and "model 'm' does not exist" in message
+    assert API_KEY not in message and caught.value.status == status
+    assert chat.count == 1 and sleeps == []
+
+
+def test_a_404_says_which_model_and_url_to_check(chat, sleeps):
+    chat.fail(404, message="The model 'gpt-nope' does not exist")
+    llm = LLM(base_url=chat.url, model="gpt-nope", api_key=API_KEY, sleep=sleeps.append)
+    with pytest.raises(PermanentToolError, match=r"answered 404 Not Found: check base_url and the model name "
+                                                 r"\('gpt-nope'\)"):
+        llm.complete(llm.request("hi"))
+
+
+def test_retried_failures_say_the_last_status_or_that_nothing_answered(chat, sleeps):
+    # Given a provider failing with 503 twice, and an address where nothing listens
+    chat.fail(503, times=2)
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append, max_attempts=2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = LLM(base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key=API_KEY, sleep=sleeps.append,
+               max_attempts=2, breaker=False)
+    # When each is asked / Then the errors name the provider, the attempts and the last answer (or none)
+    with pytest.raises(RetryableToolError, match=rf"^LLM provider {llm.provider} failed after 2 attempt\(s\), the "
+                                                 r"last answered 503 Service Unavailable: "):
+        llm.complete(llm.request("hi"))
+    with pytest.raises(RetryableToolError, match=rf"^LLM provider 127.0.0.1:{port} failed after 2 attempt\(s\), "
+                                                 r"no answer: .*cannot connect"):
+        dead.complete(dead.request("hi"))
+
+
+def test_a_404_in_a_run_is_journaled_with_the_provider_and_status_and_without_the_key(db_url, chat, sleeps):
+    # Given a step calling a model the provider does not have (its error echoes the key)
+    chat.fail(404, message=f"no such model for key {API_KEY}")
+    llm = LLM(base_url=chat.url, model="m", api_key=API_KEY, sleep=sleeps.append)
+    wf = ask_workflow(llm, "missing_model")
+    # When it runs
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        result = orc.run(wf, {"q": "hi"}, run_id="nf1")
+        journal = raw_journal(orc, "nf1")
+        row = orc.get_run("nf1").error
+    # Then the step failed once, for good, saying who answered 404; the key is nowhere
+    assert result.status == "failed" and chat.count == 1
+    assert f"PermanentToolError: LLM provider {llm.provider} answered 404 Not Found" in result.error
+    assert row == result.error
+    assert API_KEY not in journal and API_KEY not in result.error
+
+
+def test_the_client_never_shows_a_key_its_base_url_carries():
+    # Given a base URL holding a password and a key in its query
+    key = "sk-test-" + "q" * 30
+    llm = LLM(base_url=f"http://user:{key}@127.0.0.1:9/v1?key={key}", model="m")
+    # Then its repr, and the error for a URL that is not http(s), do not show them
+    assert key not in repr(llm)
+    with pytest.raises(ConfigurationError) as caught:
+        LLM(base_url=f"ftp://user:{key}@127.0.0.1:9/v1", model="m")
+    assert key not in str(caught.value) and "ftp://user:" in str(caught.value)

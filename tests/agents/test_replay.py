@@ -139,6 +139,24 @@ def test_a_cassette_file_of_another_version_or_kind_is_refused(tmp_path):
         Cassette.load(tmp_path / "other.json")
 
 
+def test_a_cassette_finds_a_call_by_its_position_and_refuses_an_index_that_is_not_one():
+    # Given a cassette holding a top-level call (as every cassette always did) and calls made inside it
+    cassette = Cassette([{"step": "s", "visit": 0, "index": i, "kind": "llm", "request": {"q": str(i)},
+                          "response": f"answer {i}"} for i in (0, "0.0", "0.1", 1)])
+    # Then each is found by its position, a top-level one as a number or as text
+    assert cassette.lookup("s", 0, 0, "llm", {"q": "0"}) == "answer 0"
+    assert cassette.lookup("s", 0, "0", "llm", {"q": "0"}) == "answer 0"
+    assert cassette.lookup("s", 0, "0.1", "llm", {"q": "0.1"}) == "answer 0.1"
+    # And a position it lacks is named with the ones it holds, in order
+    with pytest.raises(ReplayError, match=r"llm call 0.2; it holds visit 0 call 0, visit 0 call 0.0, "
+                                          r"visit 0 call 0.1, visit 0 call 1"):
+        cassette.lookup("s", 0, "0.2", "llm", {"q": "0.2"})
+    # And an index that is no position is refused when the cassette is read, naming the call
+    for bad in (-1, "1.x", True, None, 1.5):
+        with pytest.raises(ReplayError, match=r"cassette call #0 has index"):
+            Cassette([{"step": "s", "visit": 0, "index": bad, "kind": "llm", "request": {}, "response": None}])
+
+
 def test_a_cassette_recorded_with_compacted_nested_json_replays_the_same_request():
     # Given a cassette whose request holds a tool call's arguments compacted (as older journals do)
     recorded = {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": '{"city":"Paris"}'}}]}]}

@@ -56,6 +56,23 @@ def test_calls_inside_a_step_are_undone_in_reverse_and_before_the_whole_step_eff
     assert names(plan_compensations(effects)) == ["email", "charge", "reserve_seat", "book"]
 
 
+def test_calls_made_inside_a_call_are_undone_after_it_and_before_the_calls_before_it():
+    # Given a step whose call 1 (a trip) booked a hotel and a car inside it (calls 1.0 and 1.1, which
+    # completed before it), between a seat (call 0) and an email (call 2); the records come in any order
+    effects = [
+        effect(6, "book", 1, call=1, name="trip"),
+        effect(2, "book", 1, call=0, name="seat"),
+        effect(4, "book", 1, call="1.1", name="car"),
+        effect(3, "book", 1, call="1.0", name="hotel"),
+        effect(7, "book", 1, call=2, name="email"),
+        effect(5, "book", 1, call="1.1.0", name="child seat"),
+    ]
+    # Then the order is newest first by position, a call before the calls made inside it
+    assert names(plan_compensations(effects)) == ["email", "trip", "car", "child seat", "hotel", "seat"]
+    # And a call made inside another is named by its position
+    assert "book call 1.0" in effects[3].label()
+
+
 def test_after_seq_limits_the_plan_to_effects_recorded_after_a_checkpoint():
     # Given effects before and after a checkpoint at seq 6
     effects = [effect(3, "a", 1), effect(5, "b", 2), effect(7, "c", 3), effect(9, "d", 4)]

@@ -12,7 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 #: (sweep, workflow, backend) -> (points explored, violations found), filled by the sweeps: crash
-#: points for "crash" and "sigkill", store writes for "fault"
+#: points for "crash", "sigkill" and "in-doubt:RULE", store writes for "fault", pairs of crash points
+#: for "double:RULE"
 EXPLORED: dict[tuple[str, str, str], tuple[int, int]] = {}
 
 
@@ -36,7 +37,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if not EXPLORED:
         return
     terminalreporter.section("crash-point explorer")
-    unit = {"crash": "crash points", "sigkill": "crash points (SIGKILL)", "fault": "store writes"}
+    unit = {"crash": "crash points", "sigkill": "crash points (SIGKILL)", "fault": "store writes",
+            "in-doubt": "crash points", "double": "pairs of crash points (the second in the recovery)"}
     for (sweep, flow, backend), (points, violations) in sorted(EXPLORED.items()):
-        terminalreporter.write_line(f"{sweep:8} {flow:9} {backend:8} {points:4} {unit.get(sweep, 'points')} explored, "
-                                    f"{violations} violations")
+        terminalreporter.write_line(f"{sweep:16} {flow:9} {backend:8} {points:5} "
+                                    f"{unit.get(sweep.split(':')[0], 'points')} explored, {violations} violations")

@@ -4,7 +4,9 @@ While inside ``outgoing_calls_instrumented()``, a request made on behalf of the 
 passes a crash point before it leaves (``send``) and one after the service answered but before
 anything was journaled about it (``sent``), for ``ctx.http``, tool calls and model calls alike
 (httpx's transports and the async client's ``WireTransport``, including the direct path
-``AsyncLLM`` takes, are wrapped while a process is current). The simulated processes also share one
+``AsyncLLM`` takes, are wrapped while a process is current). Once past its ``send`` point, the
+request is shown to the process's ``on_send`` (its method, URL and ``Idempotency-Key``), which
+checks the journal before it leaves. The simulated processes also share one
 TLS context per setting (only speed changes).
 """
 
@@ -56,12 +58,26 @@ def _label_for(process: Process, method: str, url: httpx.URL) -> str:
     return f"{method} {endpoint}" + (f"?{query}" if query else "")
 
 
+def _leaving(process: Process, method: str, url: httpx.URL, key: str | None) -> None:
+    """The request passed its ``send`` point and is about to leave: tell the process's ``on_send``."""
+    if process.on_send is not None:
+        process.on_send(process, method, str(url.copy_with(query=None)), key)
+
+
+def _key(headers: Any) -> str | None:
+    for name, value in headers:
+        if name.lower() in (b"idempotency-key", "idempotency-key"):
+            return value.decode() if isinstance(value, bytes) else value
+    return None
+
+
 def _sync_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
     process = CURRENT.get()
     if process is None:
         return _REAL_SYNC(self, request)
     label = _request_label(process, request)
     process.point(f"send {label}")
+    _leaving(process, request.method, request.url, request.headers.get("Idempotency-Key"))
     response = _REAL_SYNC(self, request)
     response.read()
     process.point(f"sent {label}")  # the service acted; nothing about its answer is journaled yet
@@ -79,6 +95,7 @@ def _async_points(real: Callable[..., Any], passes_on: Callable[[Any, httpx.Requ
             return await real(self, request)
         label = _request_label(process, request)
         process.point(f"send {label}")
+        _leaving(process, request.method, request.url, request.headers.get("Idempotency-Key"))
         response = await real(self, request)
         await response.aread()
         process.point(f"sent {label}")
@@ -98,6 +115,7 @@ async def _wire_exchange(self: WireTransport, method: bytes, url: httpx.URL, *ar
         return await _REAL_EXCHANGE(self, method, url, *args)
     label = _label_for(process, method.decode(), url)
     process.point(f"send {label}")
+    _leaving(process, method.decode(), url, _key(args[0] if args else ()))
     reply = await _REAL_EXCHANGE(self, method, url, *args)
     process.point(f"sent {label}")
     return reply

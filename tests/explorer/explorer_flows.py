@@ -1,20 +1,35 @@
 """The explorer's workflows and their scenarios (what the outside world does while they wait).
 
 Together they use retries, several requests per effect, parallel branches with a join, waits and
-signals, a durable timer, compensation, rollback and the tool-calling loop. Every booking body
-names its logical request (``{"room": "A"}``, ``{"hold": "v2"}``), independently of the engine's
-keys, so the booking service's ledger can tell a duplicated effect from a new one.
+signals, a durable timer, compensation, rollback, a failure route with a router and the
+tool-calling loop. Every booking body names its logical request (``{"room": "A"}``,
+``{"hold": "v2"}``), independently of the engine's keys, so the booking service's ledger can tell a
+duplicated effect from a new one.
+
+Every flow but ``agent`` comes in three *variants*, which only change the rule that settles an effect
+left in doubt by a crash (docs/sagas.md, "In-doubt effects"): ``resend`` (its effect steps declare
+``resend=True``: what the sweeps of test_sweep.py run), ``check`` (a ``check`` hook looks the step's
+bookings up in the service's ledger, ``GET /ledger``, by the keys ``ctx.http`` sends) and
+``default`` (neither: an effect whose intent was durable when the process died, and whose key had
+not been journaled as issued, is failed as in doubt with ``InDoubtError``), built as
+``FLOWS[name](world, variant=...)``. ``agent``'s step hands its bookings to a tool loop whose update
+only the loop can build, so it has no ``check`` variant.
 
 The ``fanout`` flow's parallel branches are async steps that talk to the world with the sync
 ``ctx.http`` (the loop is not yielded inside them), so the order of its crash points is the same on
 every run: crash point k is one reproducible moment. The ``threads`` flow runs its branches on real
-threads instead: its number of crash points is fixed, their order between the threads is not. Each flow is built per exploration (``FLOWS[name](world)``): its steps
-close over that exploration's world (service URL, clock, execution ledger).
+threads instead: its number of crash points is fixed, their order between the threads is not.
+Each flow is built per exploration (``FLOWS[name](world)``): its steps close over that
+exploration's world (service URL, clock, execution ledger).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
+
+import httpx
 
 from orchestrator import Orchestrator, RunResult
 from orchestrator.agents import LLM, ToolContext, ToolRegistry, run_tool_loop
@@ -22,11 +37,19 @@ from orchestrator.testing import Reply, reply
 from workflows import END, Retry, Workflow, reducers
 
 
+#: the in-doubt rules an effect step can follow (see the module docstring)
+VARIANTS = ("resend", "check", "default")
+
+
 class Flow:
     """A workflow, its input, the status an uninterrupted run ends in, and its outside world."""
 
     workflow: Workflow
     status: str
+    #: the variants the flow comes in
+    variants: tuple[str, ...] = VARIANTS
+    #: whether crash point k is the same moment on every run (False: the scheduler orders some points)
+    deterministic = True
 
     def input(self, world: Any) -> dict[str, Any]:
         return {}
@@ -37,6 +60,47 @@ class Flow:
     def outside(self, world: Any, orc: Orchestrator, run_id: str) -> RunResult:
         """The run waits: act as the outside world does, and continue it."""
         raise AssertionError(f"workflow {self.workflow.name!r} does not wait")
+
+    @classmethod
+    def doubt_routed(cls, state: dict[str, Any], step: str) -> dict[str, Any]:
+        """The final state when ``step``'s effect, failed as in doubt, took its failure route (the
+        uninterrupted run ended in ``state``)."""
+        raise AssertionError(f"{cls.__name__} has no failure route from an effect")
+
+
+def rule(variant: str, check: Callable[..., Any]) -> dict[str, Any]:
+    """The options an effect step declares in ``variant``: how an attempt left in doubt is settled."""
+    if variant == "resend":
+        return {"resend": True}
+    if variant == "check":
+        return {"check": check}
+    if variant == "default":
+        return {}
+    raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def booked(world: Any, ctx: Any, *bodies: dict[str, Any]) -> list[str] | None:
+    """A check hook's look-up: the ids of the bookings a step's requests made, found in the service's
+    ledger (``GET /ledger``, an outgoing call of the process that recovers) by the key ``ctx.http``
+    sent with each (request i of the execution carries ``key`` for i == 0, else ``key:i``); None when
+    one of them is not there (the step then runs again with the same key, and the requests that
+    went out are answered from the journal or replayed by the service).
+
+    A booking under one of those keys for another request is not this step's: the hook raises
+    (the engine then fails the step as in doubt, visibly)."""
+    key = ctx.idempotency_key
+    entries = httpx.get(f"{world.api}/ledger", timeout=30.0).json()
+    made = {e["idempotency_key"]: e for e in entries if e["action"] == "book"}
+    ids = []
+    for i, body in enumerate(bodies):
+        entry = made.get(key if i == 0 else f"{key}:{i}")
+        if entry is None:
+            return None
+        if entry["body"] != body:
+            raise RuntimeError(f"the booking made with key {entry['idempotency_key']!r} is {entry['body']}, "
+                               f"not this step's request {body}")
+        ids.append(entry["id"])
+    return ids
 
 
 def _cancel(world: Any, kind: str, field: str):
@@ -54,24 +118,36 @@ class Trip(Flow):
 
     status = "compensated"
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("trip", version="1")
 
-        @wf.step(start=True, effect=True, resend=True, compensate=_cancel(world, "flights", "flight"))
+        def flight_done(ctx, state):
+            found = booked(world, ctx, {"flight": "LIS"})
+            return found and {"flight": found[0]}
+
+        def rooms_done(ctx, state):
+            found = booked(world, ctx, {"room": "A"}, {"room": "B"})
+            return found and {"rooms": found}
+
+        def pay_done(ctx, state):
+            found = booked(world, ctx, {"amount": 420})
+            return found and {"payment": found[0]}
+
+        @wf.step(start=True, effect=True, compensate=_cancel(world, "flights", "flight"), **rule(variant, flight_done))
         def flight(ctx, state):
             world.executed(ctx)
             booked = ctx.http.post(f"{world.api}/flights", json={"flight": "LIS"}).json()
             return {"flight": booked["id"]}
 
-        @wf.step(effect=True, resend=True, compensate=_cancel(world, "hotels", "rooms"))
+        @wf.step(effect=True, compensate=_cancel(world, "hotels", "rooms"), **rule(variant, rooms_done))
         def rooms(ctx, state):
             world.executed(ctx)
             a = ctx.http.post(f"{world.api}/hotels", json={"room": "A"}).json()["id"]
             b = ctx.http.post(f"{world.api}/hotels", json={"room": "B"}).json()["id"]
             return {"rooms": [a, b]}
 
-        @wf.step(effect=True, resend=True, compensate=_cancel(world, "payments", "payment"),
-                 retry=Retry(attempts=3, initial=5.0, jitter=False))
+        @wf.step(effect=True, compensate=_cancel(world, "payments", "payment"),
+                 retry=Retry(attempts=3, initial=5.0, jitter=False), **rule(variant, pay_done))
         def pay(ctx, state):
             world.executed(ctx)
             paid = ctx.http.post(f"{world.api}/payments", json={"amount": 420}).json()
@@ -97,15 +173,19 @@ class Fanout(Flow):
 
     status = "completed"
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("fanout", version="1", reducers={"log": reducers.append})
+
+        def car_done(ctx, state):
+            found = booked(world, ctx, {"car": "compact"})
+            return found and {"car": found[0], "log": "car"}
 
         @wf.step(start=True)
         def plan(ctx, state):
             world.executed(ctx)
             return {"log": "plan"}
 
-        @wf.step(effect=True, resend=True)
+        @wf.step(effect=True, **rule(variant, car_done))
         async def car(ctx, state):
             world.executed(ctx)
             booked = ctx.http.post(f"{world.api}/cars", json={"car": "compact"}).json()
@@ -135,21 +215,30 @@ class Threads(Flow):
     crash points between the two threads is the scheduler's: point k names a moment of this run."""
 
     status = "completed"
+    deterministic = False
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("threads", version="1")
+
+        def outbound_done(ctx, state):
+            found = booked(world, ctx, {"flight": "out"})
+            return found and {"flight": found[0]}
+
+        def rental_done(ctx, state):
+            found = booked(world, ctx, {"car": "rental"})
+            return found and {"car": found[0]}
 
         @wf.step(start=True)
         def split(ctx, state):
             world.executed(ctx)
             return {}
 
-        @wf.step(effect=True, resend=True)
+        @wf.step(effect=True, **rule(variant, outbound_done))
         def outbound(ctx, state):
             world.executed(ctx)
             return {"flight": ctx.http.post(f"{world.api}/flights", json={"flight": "out"}).json()["id"]}
 
-        @wf.step(effect=True, resend=True)
+        @wf.step(effect=True, **rule(variant, rental_done))
         def rental(ctx, state):
             world.executed(ctx)
             return {"car": ctx.http.post(f"{world.api}/cars", json={"car": "rental"}).json()["id"]}
@@ -167,15 +256,25 @@ class Threads(Flow):
 
 
 class Approval(Flow):
-    """A draft (its writer fails once: the step retries) held at a hotel, waiting for a human's
-    approval: the reviewer first rolls it back with feedback (the hold is cancelled, a second draft
-    is made and held), then approves; a durable timer cools off before the draft is published
-    through ``ctx.http`` from a plain step."""
+    """A draft (its writer fails once: the step retries) held at a hotel against a deposit (one
+    effect step, two requests), waiting for a human's approval: the reviewer first rolls it back with
+    feedback (the deposit is returned and the hold cancelled, a second draft is made and held), then
+    approves; a durable timer cools off before the draft is published through ``ctx.http`` from a
+    plain step. After the rollback, the hold's requests need keys of their own: neither the first
+    hold's keys (``key``, ``key:1``) nor each other's."""
 
     status = "completed"
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
         wf = Workflow("approval", version="1")
+
+        def hold_done(ctx, state):
+            found = booked(world, ctx, {"hold": state["draft"]}, {"deposit": state["draft"]})
+            return found and {"hold": found[0], "deposit": found[1]}
+
+        def release(ctx, effect):  # newest first: the deposit back, then the hold
+            ctx.http.delete(f"{world.api}/payments/{effect.result['deposit']}")
+            ctx.http.delete(f"{world.api}/hotels/{effect.result['hold']}")
 
         @wf.step(start=True, retry=Retry(attempts=3, initial=2.0, jitter=False))
         def draft(ctx, state):
@@ -184,11 +283,12 @@ class Approval(Flow):
             text = ctx.durable_call("writer", {"version": version}, lambda: world.flaky("writer", f"draft {version}"))
             return {"draft": version, "text": text}
 
-        @wf.step(effect=True, resend=True, compensate=_cancel(world, "hotels", "hold"))
+        @wf.step(effect=True, compensate=release, **rule(variant, hold_done))
         def hold(ctx, state):
             world.executed(ctx)
             held = ctx.http.post(f"{world.api}/hotels", json={"hold": state["draft"]}).json()
-            return {"hold": held["id"]}
+            deposit = ctx.http.post(f"{world.api}/payments", json={"deposit": state["draft"]}).json()
+            return {"hold": held["id"], "deposit": deposit["id"]}
 
         @wf.step()
         def approve(ctx, state):
@@ -233,8 +333,11 @@ class Agent(Flow):
     cancelled by a later step and the saga undoes the tools' bookings newest first."""
 
     status = "compensated"
+    variants = ("resend", "default")
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, variant: str = "resend") -> None:
+        if variant not in self.variants:
+            raise ValueError(f"the agent flow comes in the variants {self.variants}, not {variant!r}")
         tools = ToolRegistry()
         api = world.api
 
@@ -249,7 +352,9 @@ class Agent(Flow):
         llm = LLM(base_url=world.chat_url, model="scripted", max_attempts=1, breaker=False)
         wf = Workflow("agent", version="1")
 
-        @wf.step(start=True, effect=True, resend=True, compensate=tools.compensate)
+        resend = {"resend": True} if variant == "resend" else {}
+
+        @wf.step(start=True, effect=True, compensate=tools.compensate, **resend)
         def reserve(ctx, state):
             world.executed(ctx)
             out = run_tool_loop(ctx, llm, "book two venues", tools)
@@ -265,13 +370,135 @@ class Agent(Flow):
         self.workflow = wf
 
 
+class Nested(Flow):
+    """Durable calls made while another durable call is performed. ``survey`` runs the tool loop;
+    its tool asks the model twice and books a room with ``ctx.http`` (calls 1.0, 1.1 and 1.2, inside
+    the tool's call 1), then the loop's last model call and a top-level summary follow (calls 2 and
+    3). ``compare`` gathers two async calls, each making two calls of its own while the other is
+    under way (0.0, 0.1 and 1.0, 1.1, whichever runs first). Wherever the process dies, the resumed
+    run asks and books nothing twice and renumbers nothing: the journal check (``check``) finds no
+    call journaled twice or replaced, the booking ledger no room booked twice."""
+
+    status = "completed"
+
+    def __init__(self, world: Any, variant: str = "resend") -> None:  # its steps re-send (resend=True) whatever the variant
+        api = world.api
+        llm = LLM(base_url=world.chat_url, model="scripted", max_attempts=1, breaker=False)
+        tools = ToolRegistry()
+
+        @tools.tool
+        def look(tctx: ToolContext, city: str) -> dict:
+            """Look around a city."""
+            old_town = llm.chat(tctx.step, f"describe the old town of {city}").content
+            river = llm.chat(tctx.step, f"describe the river of {city}").content
+            room = tctx.http.post(f"{api}/hotels", json={"survey room": city}).json()["id"]
+            return {"old town": old_town, "river": river, "room": room}
+
+        wf = Workflow("nested", version="1")
+
+        @wf.step(start=True, effect=True, resend=True)
+        def survey(ctx, state):
+            world.executed(ctx)
+            out = run_tool_loop(ctx, llm, "survey Lisbon", tools)
+            summary = llm.chat(ctx, f"summarise: {out.content}").content
+            return {"answer": out.content, "summary": summary, "looked": out.calls[0]["result"]}
+
+        @wf.step()
+        async def compare(ctx, state):
+            world.executed(ctx)
+
+            async def weigh(city: str) -> list[str]:
+                async def perform() -> list[str]:
+                    food = ctx.durable_call("rate", {"city": city, "aspect": "food"}, lambda: f"{city}: food 4")
+                    await asyncio.sleep(0)  # the sibling call makes its inner calls in between
+                    rent = await ctx.adurable_call("rate", {"city": city, "aspect": "rent"}, lambda: f"{city}: rent 2")
+                    return [food, rent]
+
+                return await ctx.adurable_call("weigh", {"city": city}, perform)
+
+            porto, faro = await asyncio.gather(weigh("Porto"), weigh("Faro"))
+            return {"porto": porto, "faro": faro}
+
+        wf.edge("survey", "compare")
+        wf.edge("compare", END)
+        self.workflow = wf
+
+class Order(Flow):
+    """A failure route and a router: a car is reserved (an effect), the payment (an effect) is
+    declined by the bank (402, a permanent error), so the payment step takes its failure route to
+    ``invoice``, which records why it was reached; ``invoice``'s router (journaled with its
+    completion, never asked again on replay) sends the order on to ``notify``. An effect of ``pay``
+    left in doubt takes the same route, and ``invoice`` records ``InDoubtError``."""
+
+    status = "completed"
+
+    def __init__(self, world: Any, variant: str = "resend") -> None:
+        wf = Workflow("order", version="1")
+
+        def reserve_done(ctx, state):
+            found = booked(world, ctx, {"car": "order"})
+            return found and {"car": found[0]}
+
+        def pay_done(ctx, state):
+            found = booked(world, ctx, {"amount": 35})
+            return found and {"payment": found[0]}
+
+        @wf.step(start=True, effect=True, compensate=_cancel(world, "cars", "car"), **rule(variant, reserve_done))
+        def reserve(ctx, state):
+            world.executed(ctx)
+            return {"car": ctx.http.post(f"{world.api}/cars", json={"car": "order"}).json()["id"]}
+
+        @wf.step(effect=True, compensate=_cancel(world, "payments", "payment"), on_failure="invoice",
+                 **rule(variant, pay_done))
+        def pay(ctx, state):
+            world.executed(ctx)
+            return {"payment": ctx.http.post(f"{world.api}/payments", json={"amount": 35}).json()["id"]}
+
+        @wf.step()
+        def invoice(ctx, state):
+            world.executed(ctx)
+            return {"invoice": {"step": ctx.failure["step"], "error": ctx.failure["type"]}, "invoiced_at": ctx.tick}
+
+        @wf.step()
+        def notify(ctx, state):
+            world.executed(ctx)
+            return {"notified": state["invoice"]["error"]}
+
+        def after_invoice(state):
+            world.routed("invoice", state["invoiced_at"])
+            return "notify"
+
+        wf.edge("reserve", "pay")
+        wf.route("invoice", after_invoice, targets=["notify"])
+        wf.edge("notify", END)
+        self.workflow = wf
+
+    def prepare(self, world: Any) -> None:
+        world.service.fail_payments(402)  # the card is declined, every time: the failure route is taken
+
+    @classmethod
+    def doubt_routed(cls, state: dict[str, Any], step: str) -> dict[str, Any]:
+        doubt = "orchestrator.errors.InDoubtError"
+        return {**state, "invoice": {"step": step, "error": doubt}, "notified": doubt}
+
+
 def chat_script(request: dict[str, Any], n: int) -> Any:
     """The model, answering from the conversation: the same answers whatever was replayed before."""
-    if any(m.get("role") == "tool" for m in request.get("messages", [])):
+    messages = request.get("messages", [])
+    first = str(messages[0].get("content")) if messages else ""
+    if first.startswith("describe the "):  # the nested flow's tool asking the model
+        return reply(f"{first.removeprefix('describe the ')}: lovely")
+    if first.startswith("summarise: "):
+        return reply(f"in short, {first.removeprefix('summarise: ')}")
+    if first.startswith("survey "):
+        if any(m.get("role") == "tool" for m in messages):
+            return reply("surveyed Lisbon")
+        return Reply(tool_calls=[{"name": "look", "arguments": {"city": "Lisbon"}, "id": "call_look"}])
+    if any(m.get("role") == "tool" for m in messages):
         return reply("booked both venues")
     return Reply(tool_calls=[{"name": "book", "arguments": {"venue": "Alfama Hall"}, "id": "call_alfama"},
                              {"name": "book", "arguments": {"venue": "Belem Loft"}, "id": "call_belem"}])
 
 
 FLOWS: dict[str, type[Flow]] = {"trip": Trip, "fanout": Fanout, "threads": Threads, "approval": Approval,
-                                "agent": Agent}
+                                "agent": Agent, "nested": Nested, "order": Order}

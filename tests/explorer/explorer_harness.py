@@ -2,8 +2,11 @@
 
 ``explore`` runs one scenario: a first simulated process (``Process``, explorer_process.py) with a
 ``Plan``, its store's writes instrumented (explorer_store.py); if it died or a write faulted, a
-fresh process finishes the run. Its outgoing requests pass crash points while the caller is inside
-``outgoing_calls_instrumented()`` (explorer_calls.py).
+fresh process finishes the run (and with ``then=[Plan(...)]``, that successor dies too, at a
+point of its own, and another one finishes: a crash during the recovery). Its outgoing requests
+pass crash points while the caller is inside ``outgoing_calls_instrumented()`` (explorer_calls.py),
+and every request carrying an effect's key is checked against the journal before it leaves
+(``World.sending``: intent before effect, invariant 4).
 
 The world outside the database is a real ``BookingService`` on a loopback socket (its ledger
 says which bookings and cancellations took effect), plus the ledger of step executions each step
@@ -23,11 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from explorer_oracle import doubt_problems, fold_problems, in_doubt_failures, invariant_problems
 from explorer_process import CURRENT, LEASE_TTL, T0, Plan, Process, ProcessDied
 from explorer_store import instrument_store
 
 from orchestrator import Orchestrator, RunResult
 from orchestrator.engine import TERMINAL_STATUSES
+from orchestrator.payload import codec
 from orchestrator.testing import BookingService, FakeClock
 from store import RunNotFoundError, StoreUnavailableError, open_store
 
@@ -46,6 +51,9 @@ class World:
     #: where a child process appends its executions and violations (they must outlive a SIGKILL)
     ledger_path: str | None = None
     failed_once: set[str] = field(default_factory=set)
+    #: the run explored, and its workflow's effect steps (what ``sending`` checks requests against)
+    run_id: str | None = None
+    effects: frozenset[str] = frozenset()
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -80,6 +88,59 @@ class World:
                 fh.write(line + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
+
+    def routed(self, step: str, tick: int) -> None:
+        """A router is asked where ``step`` (at ``tick``) goes: never once its decision is journaled
+        (invariant 3: replay reads the decision, it does not ask again)."""
+        process = CURRENT.get()
+        if process is None or process.store is None or self.run_id is None:
+            return
+        process.fence()
+        epoch, completed = self._journal_seen(process.store, self.run_id)
+        if (step, tick, epoch) in completed:
+            self.violations.append(f"the router of {step!r} (tick {tick}, epoch {epoch}) was asked again by "
+                                   f"{process.name} after its decision was journaled (invariant 3)")
+
+    def sending(self, process: Process, method: str, url: str, key: str | None) -> None:
+        """A request is about to leave ``process``: if it carries the key of one of the run's effects, the
+        journal must already hold that effect's intent with that key, and its key's issue (``KeyIssued``)
+        for the attempt under way; a compensation's request, its ``CompensationStarted``, and not after
+        that compensation was confirmed (invariants 4 and 5)."""
+        if key is None or self.run_id is None or not key.startswith(self.run_id + ":"):
+            return
+        step = key[len(self.run_id) + 1:].split(":")[0]
+        if step not in self.effects:
+            return
+        journal = [(e["kind"], e["data"]) for e in journal_of(process.store, self.run_id)]
+        where = f"{method} {url} with key {key!r} by {process.name}"
+        if ":compensate" in key:
+            effect_key = key[:key.index(":compensate")]
+            # (a tool call's effect is compensated with its step's: its key extends the step's)
+            started = [d["effect"] for kind, d in journal if kind == "CompensationStarted"
+                       and (effect_key == d.get("key") or effect_key.startswith(f"{d.get('key')}:"))]
+            if not started:
+                self.violations.append(f"{where}: no CompensationStarted with key {effect_key!r} was journaled "
+                                       "before the compensation's request left (invariant 5)")
+            elif any(kind == "CompensationCompleted" and d["effect"] == started[-1] for kind, d in journal):
+                self.violations.append(f"{where}: the compensation of the effect at seq {started[-1]} was already "
+                                       "confirmed, and its request went out again (invariant 5)")
+            return
+        intent, issued = None, False
+        for kind, d in journal:
+            if d.get("step") != step:
+                continue
+            if kind == "StepStarted":
+                intent, issued = d, False
+            elif kind == "KeyIssued" and intent is not None:
+                issued = True
+            elif kind == "StepCompleted" or (kind == "StepFailed" and (d.get("final") or not d.get("in_doubt"))):
+                intent, issued = None, False
+        if intent is None or not (key == intent.get("key") or key.startswith(f"{intent.get('key')}:")):
+            self.violations.append(f"{where}: the journal holds no open intent (StepStarted) of {step!r} with its "
+                                   f"key ({intent and intent.get('key')!r}) (invariant 4: intent before effect)")
+        elif not issued:
+            self.violations.append(f"{where}: the attempt's KeyIssued was not journaled before its key left "
+                                   "(invariant 4)")
 
     def read_ledger(self) -> None:
         """Take in what a child process wrote to the ledger file before it died."""
@@ -118,6 +179,12 @@ class Outcome:
     points: list[str]
     processes: list[Process]
     violations: list[str]
+    #: the run's journal as each dead process left it (what was durable when it died), in order
+    deaths: list[list[dict[str, Any]]] = field(default_factory=list)
+    #: the workflow explored
+    workflow: Any = None
+    #: invariant 2 read from the store at each death and at the end (explorer_oracle.fold_problems)
+    fold_problems: list[str] = field(default_factory=list)
 
 
 def fast_url(url: str) -> str:
@@ -174,21 +241,38 @@ def drive(flow: Any, world: World, orc: Orchestrator, process: Process, run_id: 
         CURRENT.reset(token)
 
 
+def journal_of(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """The run's journal as ``{"seq", "kind", "data"}`` (empty when the run was never created)."""
+    try:
+        events = store.events(run_id)
+    except RunNotFoundError:
+        return []
+    return [{"seq": e.seq, "kind": e.kind, "data": codec.loads(e.data)} for e in events]
+
+
 def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: Plan, *,
-            chat_url: str | None = None, child: Callable[[World], Any] | None = None) -> Outcome:
+            chat_url: str | None = None, child: Callable[[World], Any] | None = None,
+            then: tuple[Plan, ...] = ()) -> Outcome:
     """Run one scenario: a first process with ``plan``; if it died or faulted, a fresh one finishes.
+
+    ``then``: the plans of the successors, in order (each dies at its own point ``at``, counted from
+    its own start); once they are used up, a last process drives the run to its end.
 
     With ``child``, the first process is a real one: ``child(world)`` runs it (it SIGKILLs itself at
     the plan's point) and returns once it is gone; this process then takes the run over."""
     service = BookingService()
     service.start()
     try:
-        world = World(service=service, clock=FakeClock(T0), chat_url=chat_url)
+        world = World(service=service, clock=FakeClock(T0), chat_url=chat_url, run_id=run_id)
         flow = flow_factory(world)
+        world.effects = frozenset(n for n, step in flow.workflow.steps.items() if step.effect)
         flow.prepare(world)
         first = Process("gen0", plan)
+        first.on_send = world.sending
         processes = [first]
         orcs: list[Orchestrator] = []
+        deaths: list[list[dict[str, Any]]] = []
+        folds: list[str] = []
         result: RunResult | None = None
         try:
             if child is not None:
@@ -204,31 +288,42 @@ def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: P
                 except StoreUnavailableError:
                     if first.faulted is None:
                         raise
-            if first.dead is not None:
+            plans = list(then)
+            while processes[-1].dead is not None:
+                dead = processes[-1]
                 # Its connections die with it (the server sees them drop); threads it left behind are fenced.
                 for orc in orcs:
                     abandon(orc)
                 orcs.clear()
                 # The dead process's successor: a new process with a store (and connections) of its own.
-                second = Process("gen1")
-                processes.append(second)
-                orcs.append(make_orchestrator(url, second, world, [flow.workflow]))
+                successor = Process(f"gen{len(processes)}", plans.pop(0) if plans else Plan())
+                successor.on_send = world.sending
+                processes.append(successor)
+                orcs.append(make_orchestrator(url, successor, world, [flow.workflow]))
+                deaths.append(journal_of(orcs[-1].store, run_id))
+                folds += fold_problems(orcs[-1].store, run_id, flow.workflow, f"after {dead.name} died at {dead.dead}")
                 # Every other crash point, the successor recovers the run once its lease lapsed
                 # instead of taking it over at once.
-                takeover = "recover" if (plan.at or 0) % 2 == 0 else "resume"
-                result = drive(flow, world, orcs[-1], second, run_id, takeover=takeover)
-            elif result is None:
+                takeover = "recover" if (dead.plan.at or 0) % 2 == 0 else "resume"
+                try:
+                    result = drive(flow, world, orcs[-1], successor, run_id, takeover=takeover)
+                except ProcessDied:
+                    if successor.dead is None:
+                        raise
+            if result is None:
                 # A process that met a failed write lives on, and resumes the run once the database answers.
                 result = drive(flow, world, orcs[0], first, run_id)
             reader = orcs[-1]
             report = reader.verify(run_id)
             history = reader.history(run_id)
+            folds += fold_problems(reader.store, run_id, flow.workflow, "at the end")
         finally:
             for orc in orcs:
                 abandon(orc)
         return Outcome(result=result, ledger=service.ledger(), history=history, verify_ok=report.ok,
                        verify_text="\n".join(report.lines()), points=list(first.points), processes=processes,
-                       violations=list(world.violations))
+                       violations=list(world.violations), deaths=deaths, workflow=flow.workflow,
+                       fold_problems=folds)
     finally:
         # Stopping waits for the server's poll interval: let it happen beside the next exploration.
         threading.Thread(target=service.stop, name="explorer-service-stop", daemon=True).start()
@@ -275,11 +370,64 @@ def check(outcome: Outcome, reference: Outcome) -> list[str]:
     for seq, n in done.items():
         if n > 1:
             problems.append(f"the effect journaled at seq {seq} was compensated {n} times")
+    problems += _calls_made_again(outcome, reference)
     if _final(outcome) != _final(reference):
         problems.append(f"final {outcome.result.status} {outcome.result.state} differs from the reference's "
                         f"{reference.result.status} {reference.result.state}")
     if not outcome.verify_ok:
         problems.append(f"verify is not clean: {outcome.verify_text}")
+    problems += outcome.fold_problems
+    if outcome.workflow is not None:
+        problems += invariant_problems(outcome.history, outcome.ledger, outcome.workflow, outcome.result.run_id)
+    return problems
+
+
+def judge(outcome: Outcome, reference: Outcome, flow: Any, variant: str) -> list[str]:
+    """What is wrong with ``outcome`` of one or several crashes, for a flow whose effects follow
+    ``variant``'s in-doubt rule: with ``resend`` or a ``check`` hook, no effect is ever failed as in
+    doubt and the run ends as the reference did (``check``); with the default rule, the effects a
+    death left with their intent durable and their key not issued are failed as in doubt, exactly
+    those (explorer_oracle.doubt_problems), and otherwise the run ends as the reference did. Every
+    outcome keeps invariants 1-5 on the journal and the ledger, and ends (it is not left running)."""
+    doubt = doubt_problems(outcome, reference, flow) if variant == "default" else None
+    if doubt is None:
+        problems = check(outcome, reference)
+        if variant != "default" and in_doubt_failures(outcome.history):
+            problems.append(f"a step failed as in doubt under the {variant!r} rule: "
+                            f"{[f['step'] for f in in_doubt_failures(outcome.history)]}")
+        return problems
+    problems = list(outcome.violations) + doubt + outcome.fold_problems
+    problems += invariant_problems(outcome.history, outcome.ledger, outcome.workflow, outcome.result.run_id)
+    bodies = Counter(_body_id(e) for e in outcome.ledger if e["action"] == "book")
+    problems += [f"{what} took effect {n} times for one logical request" for what, n in bodies.items() if n > 1]
+    if outcome.result.status not in TERMINAL_STATUSES:
+        problems.append(f"the run was left {outcome.result.status}")
+    if not outcome.verify_ok:
+        problems.append(f"verify is not clean: {outcome.verify_text}")
+    return problems
+
+
+def _calls_made_again(outcome: Outcome, reference: Outcome) -> list[str]:
+    """Durable calls the journal holds twice: a position of a step execution (its tick, since the last
+    rollback) completed twice was performed (paid for) twice; one ``replaced`` where the reference
+    has none was renumbered or changed on resume (a call inside another one counted as a later one)."""
+    def journaled(history: list[dict[str, Any]]) -> tuple[Counter, int]:
+        epoch, seen, replaced = 0, Counter(), 0
+        for e in history:
+            if e["kind"] == "RolledBack":
+                epoch += 1
+            elif e["kind"] == "CallCompleted":
+                data = e["data"]
+                seen[(data["step"], data["tick"], epoch, str(data["index"]))] += 1
+                replaced += bool(data.get("replaced"))
+        return seen, replaced
+
+    seen, replaced = journaled(outcome.history)
+    problems = [f"call {index} of step {step!r} (tick {tick}) was journaled {n} times: performed again"
+                for (step, tick, _, index), n in seen.items() if n > 1]
+    if replaced != journaled(reference.history)[1]:
+        problems.append(f"{replaced} calls were journaled as replacing a changed request, the reference has "
+                        f"{journaled(reference.history)[1]}: a resumed call met another request at its position")
     return problems
 
 

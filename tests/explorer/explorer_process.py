@@ -85,6 +85,8 @@ class Process:
         self.queued_changed = threading.Condition()
         #: whether a ``behind`` fault saw a later append of its run queued before it failed the write
         self.behind: bool | None = None
+        #: told of each request about to leave (after its ``send`` point): ``(process, method, url, key)``
+        self.on_send: Any = None
         self._lock = threading.Lock()
 
     def fence(self) -> None:

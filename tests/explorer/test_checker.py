@@ -170,3 +170,162 @@ def test_a_fault_that_half_wrote_a_group_or_stopped_an_untouched_run_is_reported
     # Then each is reported
     assert any("were journaled (half-written)" in p for p in check_fault(half, target, "item"))
     assert any("run r1, untouched by the fault" in p for p in check_fault(stopped, target, "item"))
+
+
+# -- the in-doubt rules and the invariants on the journal (explorer_oracle.py) ------------------------
+def _variant(name: str, variant: str):
+    import functools
+
+    return functools.partial(FLOWS[name], variant=variant)
+
+
+def test_an_in_doubt_verdict_given_or_missed_against_what_the_deaths_left_is_reported(db_url, chat_url):
+    from explorer_harness import judge
+    from explorer_oracle import doubtful
+
+    flow = _variant("trip", "default")
+    with outgoing_calls_instrumented():
+        reference = explore(flow, db_url, "doubt-reference", Plan(), chat_url=chat_url)
+        # Given a death right after the flight's intent was durable, before its key was issued
+        k = reference.points.index("after append[StepStarted:flight]") + 1
+        in_doubt = explore(flow, db_url, "doubt-window", Plan(at=k), chat_url=chat_url)
+        # and a death once the flight's key had been issued
+        issued = explore(flow, db_url, "doubt-issued", Plan(at=k + 2), chat_url=chat_url)
+    assert doubtful(in_doubt.deaths[0]) == {"flight": "doubt-window:flight:0"}
+    assert judge(in_doubt, reference, FLOWS["trip"], "default") == []
+    assert doubtful(issued.deaths[0]) == {} and judge(issued, reference, FLOWS["trip"], "default") == []
+    # When the in-doubt ending is held against a death that left nothing in doubt, or the other way round
+    given = dataclasses.replace(in_doubt, deaths=issued.deaths)
+    missed = dataclasses.replace(issued, deaths=in_doubt.deaths)
+    # Then each is reported
+    assert any("failed as in doubt, but no death left" in p for p in judge(given, reference, FLOWS["trip"], "default"))
+    assert any("none was failed as in doubt" in p for p in judge(missed, reference, FLOWS["trip"], "default"))
+    # and under a rule that re-sends or checks, a step failed as in doubt is reported too
+    checked = judge(in_doubt, reference, FLOWS["trip"], "check")
+    assert any("failed as in doubt under the 'check' rule" in p for p in checked)
+
+
+def test_a_journal_breaking_invariants_1_3_4_or_5_is_reported(db_url, chat_url):
+    from explorer_oracle import invariant_problems
+
+    # Given a compensated trip's journal and ledger, which keep every invariant
+    with outgoing_calls_instrumented():
+        ref = explore(FLOWS["trip"], db_url, "inv", Plan(), chat_url=chat_url)
+    wf, run = ref.workflow, "inv"
+    assert invariant_problems(ref.history, ref.ledger, wf, run) == []
+    flight_done = next(e for e in ref.history if e["kind"] == "StepCompleted" and e["data"]["step"] == "flight")
+    rooms_started = next(e for e in ref.history if e["kind"] == "StepStarted" and e["data"]["step"] == "rooms")
+    undo = [e for e in ref.history if e["kind"] == "CompensationCompleted"]
+
+    def renumber(events):
+        return [{**e, "seq": i} for i, e in enumerate(events, 1)]
+
+    # When the flight's completion is journaled twice; the rooms start before the flight completed;
+    # the payment's retry carries another key; a booking was made with a key no intent carries, or
+    # requested again with another key; an effect is compensated twice, or the oldest first
+    i = ref.history.index(flight_done)
+    twice = renumber(ref.history[:i + 1] + [flight_done] + ref.history[i + 1:])
+    early = renumber([e for e in ref.history if e is not rooms_started][:i] + [rooms_started]
+                     + [e for e in ref.history if e is not rooms_started][i:])
+    retried = [e for e in ref.history if e["kind"] == "StepStarted" and e["data"]["step"] == "pay"][1]
+    rekeyed = [{**e, "data": {**e["data"], "key": "inv:pay:9"}} if e is retried else e for e in ref.history]
+    stray = ref.ledger + [{"action": "book", "kind": "car", "id": "car-9", "body": {"car": "x"},
+                           "idempotency_key": "inv:pay:7"}]
+    rekeyed_request = ref.ledger + [{"action": "replay", "kind": "flight", "id": "flight-1",
+                                     "idempotency_key": "inv:flight:0:other"}]
+    j = ref.history.index(undo[0])
+    undone_twice = renumber(ref.history[:j + 1] + [undo[0]] + ref.history[j + 1:])
+    oldest_first = [dict(e) for e in ref.history]
+    a, b = oldest_first.index(undo[0]), oldest_first.index(undo[-1])
+    oldest_first[a], oldest_first[b] = {**undo[-1], "seq": undo[0]["seq"]}, {**undo[0], "seq": undo[-1]["seq"]}
+    # Then each is reported, naming its invariant
+    assert any("completed 2 times in the journal (invariant 1)" in p
+               for p in invariant_problems(twice, ref.ledger, wf, run))
+    assert any("not a pending step of the journaled frontier" in p
+               for p in invariant_problems(early, ref.ledger, wf, run))
+    assert any("journaled several keys" in p for p in invariant_problems(rekeyed, ref.ledger, wf, run))
+    assert any("which no journaled intent carries" in p for p in invariant_problems(ref.history, stray, wf, run))
+    assert any("requested with several keys" in p for p in invariant_problems(ref.history, rekeyed_request, wf, run))
+    assert any("compensated 2 times (invariant 5)" in p for p in invariant_problems(undone_twice, ref.ledger, wf, run))
+    assert any("not newest first (invariant 5)" in p for p in invariant_problems(oldest_first, ref.ledger, wf, run))
+
+
+def test_snapshots_that_disagree_with_the_fold_of_the_journal_are_reported(db_url, chat_url):
+    from explorer_oracle import fold_problems
+
+    from store import open_store
+    from workflows import Workflow
+
+    # Given a finished fanout run, whose snapshots were folded with its 'log' reducer (append)
+    with outgoing_calls_instrumented():
+        done = explore(FLOWS["fanout"], db_url, "fanout-folds", Plan(), chat_url=chat_url)
+    assert done.fold_problems == []
+    # When its journal is folded by a workflow that merges 'log' otherwise (by replacing it)
+    other = Workflow("fanout", version="1")
+    store = open_store(db_url)
+    try:
+        problems = fold_problems(store, "fanout-folds", other, "at the end")
+    finally:
+        store.close()
+    # Then the snapshots and what recovery restores are reported as other than the fold of all events
+    assert any("fold(snapshot at seq" in p for p in problems), problems
+    assert any("recovery restores" in p for p in problems), problems
+
+
+class KeyBeforeIssue(Flow):
+    """Sends the step's own key with a client of its own, without reading ``ctx.idempotency_key``:
+    the key leaves the process before its issue was journaled."""
+
+    status = "completed"
+
+    def __init__(self, world) -> None:
+        import httpx
+
+        wf = Workflow("key-before-issue", version="1")
+
+        @wf.step(start=True, effect=True, resend=True)
+        def book(ctx, state):
+            world.executed(ctx)
+            key = f"{ctx.run_id}:{ctx.step}:{ctx.tick}"  # the mistake: not through ctx
+            booked = httpx.post(f"{world.api}/cars", json={"car": "own"}, headers={"Idempotency-Key": key})
+            return {"car": booked.json()["id"]}
+
+        wf.edge("book", END)
+        self.workflow = wf
+
+
+def test_a_request_leaving_before_its_keys_issue_or_a_compensation_sent_after_its_confirmation_is_reported(
+        db_url, chat_url):
+    from explorer_harness import journal_of
+
+    from store import open_store
+
+    # Given a step that sends its key before the journal says it was issued
+    with outgoing_calls_instrumented():
+        outcome = explore(KeyBeforeIssue, db_url, "own-key", Plan())
+        # Then the request is reported as it leaves
+        assert any("KeyIssued was not journaled before its key left" in v
+                   for v in outcome.violations), outcome.violations
+        # Given a compensated trip
+        trip = explore(FLOWS["trip"], db_url, "late-undo", Plan(), chat_url=chat_url)
+    assert trip.violations == []
+    store = open_store(db_url)
+    try:
+        world = World(service=SimpleNamespace(url="http://127.0.0.1:9"), clock=None, run_id="late-undo",
+                      effects=frozenset({"flight", "rooms", "pay"}))
+        process = Process("late")
+        process.store = store
+        # When the flight's cancellation is sent once more, after its CompensationCompleted
+        world.sending(process, "DELETE", "http://127.0.0.1:9/flights/flight-1", "late-undo:flight:0:compensate")
+        # or a router is asked where a step whose decision is journaled goes
+        token = CURRENT.set(process)
+        try:
+            world.routed("rooms", 1)
+        finally:
+            CURRENT.reset(token)
+        assert journal_of(store, "late-undo")
+    finally:
+        store.close()
+    # Then each is reported
+    assert any("already confirmed" in v and "invariant 5" in v for v in world.violations), world.violations
+    assert any("router of 'rooms'" in v and "invariant 3" in v for v in world.violations), world.violations

@@ -206,6 +206,21 @@ def test_input_json_has_no_nan_and_no_bottomless_nesting(sqlite_url, value, need
         assert orc.list_runs() == []
 
 
+@pytest.mark.parametrize("value, key", [('{"n": 1, "n": 2}', "'n'"), ('{"a": {"b": 1, "c": 2, "b": 3}}', "'b'")],
+                         ids=["top level", "nested"])
+def test_a_key_given_twice_in_json_is_a_usage_error_not_a_silent_choice(sqlite_url, value, key):
+    # When a run is started, or a signal sent, with JSON giving a key twice (json would keep the last)
+    done = agentsaga("run", AUDITFLOW, "--input", value, "--run-id", "x1", db=sqlite_url)
+    # Then it is a usage error naming the key, and nothing is started or sent
+    assert done.returncode == 2
+    assert_one_line_error(done, "--input gives the key", key, "twice")
+    sent = agentsaga("signal", "x1", "go", "--data", value, db=sqlite_url)
+    assert sent.returncode == 2
+    assert_one_line_error(sent, "--data gives the key", key, "twice")
+    with Orchestrator(sqlite_url) as orc:
+        assert orc.list_runs() == []
+
+
 def test_an_argument_that_is_not_utf8_is_a_usage_error(sqlite_url):
     # Given a database with a run, and a run id given as bytes that are not UTF-8 (as a shell passes them)
     assert agentsaga("run", AUDITFLOW, "--input", "{}", "--run-id", "ok", db=sqlite_url).returncode == 0

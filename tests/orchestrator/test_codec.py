@@ -141,7 +141,9 @@ def test_a_step_returning_a_mongo_update_gets_it_back_after_a_resume(sqlite_url)
 _KEYS = st.one_of(st.text(max_size=6), st.sampled_from(["$set", "$date", "$bytes", "$$x", "$", "$uuid", "$set$"]))
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+    lambda inner: (st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3)
+                   | st.dictionaries(st.integers() | st.none() | st.floats(allow_nan=False, allow_infinity=False), inner,
+                                     max_size=3)),
     max_leaves=12,
 )
 
@@ -163,3 +165,72 @@ def test_tags_are_read_however_the_dollar_is_written_and_plain_text_decodes_as_j
     # A text with no "$" at all decodes exactly as JSON; a "$" inside a value is only text
     assert decode_json('{"a": [1, 2.5, {"b": null}], "c": "x"}') == {"a": [1, 2.5, {"b": None}], "c": "x"}
     assert decode_json('{"a": "$date"}') == {"a": "$date"}
+
+
+# -- dict keys that are not strings --------------------------------------------------------------------
+class Scores(BaseModel):
+    by_id: dict[int, float]
+
+
+NON_STR_KEYS = [
+    {"m": {1: "a", 2: "b"}},                                    # ids as ints
+    {"m": {2: "b", 1: "a"}},                                    # order kept
+    {"grid": {1.5: "x", -3: "y", True: "t", None: "n"}},       # every JSON scalar
+    {"when": {dt.date(2026, 1, 2): 1, dt.datetime(2026, 1, 2, 3): 2, dt.time(4, 5): 3, dt.timedelta(seconds=6): 4}},
+    {"ids": {uuid.UUID(int=7): "u", decimal.Decimal("1.10"): "d", b"\x00k": "b"}},
+    {"nested": [{"1": {2: {"$set": {3: "deep"}}}}]},           # under str keys, around a tag-shaped dict
+    {"$map": [[1, "a"]]},                                       # user data shaped like the new tag
+]
+
+
+@pytest.mark.parametrize("value", NON_STR_KEYS)
+def test_dict_keys_that_are_not_strings_come_back_as_they_were(value):
+    # Given a value whose dicts are keyed by ints, floats, dates, UUIDs...
+    # When it is encoded for the journal and decoded again, plainly and canonically
+    plain, canonical = decode_json(encode_json(value)), decode_json(canonical_dumps(value))
+    # Then the keys are the same objects of the same types, in the same order (plainly)
+    assert plain == value and canonical == value
+    assert repr(plain) == repr(value)
+
+
+def test_a_model_with_int_keys_round_trips_as_its_fields():
+    # Given a pydantic model whose field is keyed by ints
+    # When it is journaled / Then its fields come back with int keys (a typed state re-validates them)
+    assert decode_json(encode_json({"s": Scores(by_id={3: 0.5, 1: 1.0})})) == {"s": {"by_id": {3: 0.5, 1: 1.0}}}
+
+
+def test_a_canonical_text_does_not_depend_on_the_order_of_non_str_keys():
+    # Given the same dict built in two orders
+    # When written canonically (snapshot hashes rely on it) / Then the texts are equal
+    assert canonical_dumps({"m": {2: "b", 1: "a"}}) == canonical_dumps({"m": {1: "a", 2: "b"}})
+    assert canonical_dumps({None: 1, 3: 2}) == canonical_dumps({3: 2, None: 1})
+
+
+def test_string_keys_that_look_like_numbers_are_written_as_before():
+    # Given ordinary string keys that read like numbers, true or null
+    value = {"404": "not found", "true": 1, "null": 2, "-1": [{"2.5": "x"}]}
+    # When encoded / Then the text is plain JSON, with no tag
+    assert encode_json(value) == '{"404":"not found","true":1,"null":2,"-1":[{"2.5":"x"}]}'
+    assert decode_json(encode_json(value)) == value
+
+
+@pytest.mark.parametrize("value, path, words", [
+    ({"m": {1: "a", "1": "b"}}, "$.m", "written as '1', a key the dict already has, and one entry would be lost"),
+    ({"state": {"items": [0, 1, 2, {"name": "x", 1: "a"}]}}, "$.state.items[3]", "mixes string keys with the key 1"),
+    ({True: 1, "true": 2}, "the top-level dict", "written as 'true', a key the dict already has"),
+    ({"m": {(1, 2): "pair"}}, "$.m", "the key (1, 2) (tuple), which would not come back as itself"),
+    ({"m": {frozenset({1}): "s"}}, "$.m", "would not come back as itself"),
+    ({"m": {float("nan"): "x"}}, "$.m", "the key nan (float), which is not valid JSON"),
+    ({"p": Point(x={1: 0.5, "1": 0.7}, when=dt.date(2026, 1, 1))}, "$.p.x", "one entry would be lost"),
+])
+def test_keys_that_would_not_come_back_are_refused_naming_the_dict_and_the_key(value, path, words):
+    # Given a dict mixing string keys with others (they would collide or change), or a key that
+    # would come back as something else
+    # When it is encoded, plainly or canonically
+    for encode in (encode_json, canonical_dumps):
+        with pytest.raises(EncodingError) as raised:
+            encode(value, what="output of step 'plan'")
+        # Then the error names the value, the dict's path and the key, and says what would happen
+        message = str(raised.value)
+        assert message.startswith("output of step 'plan' cannot be journaled: ")
+        assert path in message and words in message

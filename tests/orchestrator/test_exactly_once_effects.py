@@ -88,6 +88,35 @@ def test_a_check_hook_that_raises_fails_the_step_visibly_and_recover_goes_on_to_
     assert results["y-good"].status == "completed"
 
 
+@pytest.mark.parametrize("found, said", [
+    ("done", "TypeError: step 'charge' returned str"),
+    ({"receipt": {1: "a", "1": "b"}}, "mixes string keys with the key 1"),
+    ({"receipt": object()}, "value of type builtins.object is not JSON-encodable at $.receipt"),
+], ids=["not a dict", "colliding keys", "not JSON"])
+def test_a_check_hook_answering_what_cannot_be_an_update_fails_the_step_in_doubt(orc_factory, found, said):
+    # Given a run dead in an effect whose check hook answers with something that cannot be its update
+    sent = []
+    wf = Workflow("odd-check")
+
+    @wf.step(start=True, effect=True, check=lambda ctx, state: found)
+    def charge(ctx, state):
+        sent.append(ctx.attempt)
+        raise Died
+
+    wf.edge("charge", END)
+    with pytest.raises(Died):
+        orc_factory(wf).run(wf, {}, run_id="c1")
+    # When the run is resumed in a new process
+    orc = orc_factory(wf)
+    result = orc.resume("c1")
+    # Then the step failed in doubt, naming the check hook and what was wrong, and the run ended
+    # (before, the error escaped resume and left the run running); the charge was not sent again
+    assert result.status == "failed" and orc.get_run("c1").status == "failed"
+    assert "InDoubtError" in result.error and "its check hook returned what cannot be its update" in result.error
+    assert said in result.error
+    assert sent == [1]
+
+
 # -- case 16: a fenced-out owner stops before its next outgoing call ---------------------------------------
 def test_an_owner_whose_lease_was_taken_over_makes_no_further_outgoing_call(orc_factory):
     # Given an effect step making two calls, and another process taking the run over between them

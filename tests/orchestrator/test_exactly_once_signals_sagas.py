@@ -9,6 +9,7 @@ are in test_exactly_once_journal.py, the effects' in test_exactly_once_effects.p
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -231,3 +232,102 @@ def test_a_waiting_run_resumed_by_a_process_that_died_is_recovered_once_its_leas
     results = orc_factory(wf, lease_ttl=5).recover()
     assert [(r.run_id, r.status) for r in results] == [("rw", "completed")]
     assert orc.result("rw").state["approved"] == "ann"
+
+
+# -- the explorer found: an effect made again after a rollback reused a key of the first one's requests ---
+def test_an_effect_made_again_after_a_rollback_sends_none_of_the_keys_its_undone_requests_used(orc_factory):
+    from orchestrator.testing import BookingService
+
+    # Given an effect step that rents two vans (two requests: keys `key` and `key:1`), then waits
+    wf = Workflow("vans")
+
+    @wf.step(start=True)
+    def plan(ctx, state):
+        return {"round": state.get("round", 0)}
+
+    def return_vans(ctx, effect):
+        for van in reversed(effect.result["vans"]):
+            ctx.http.delete(f"{state_api['url']}/cars/{van}")
+
+    @wf.step(effect=True, compensate=return_vans)
+    def rent(ctx, state):
+        first = ctx.http.post(f"{state_api['url']}/cars", json={"car": "van"}).json()
+        second = ctx.http.post(f"{state_api['url']}/cars", json={"car": "van"}).json()
+        return {"vans": [first["id"], second["id"]]}
+
+    @wf.step()
+    def approve(ctx, state):
+        return {"approved": ctx.wait_for("go")}
+
+    wf.edge("plan", "rent")
+    wf.edge("rent", "approve")
+    wf.edge("approve", END)
+    state_api = {}
+    with BookingService() as service:
+        state_api["url"] = service.url
+        orc = orc_factory(wf)
+        assert orc.run(wf, {}, run_id="vans").state["vans"] == ["car-1", "car-2"]
+        # When the run is rolled back to before the rental, which then runs again
+        result = orc.rollback("vans", to="plan", input={"round": 1})
+        ledger = service.ledger()
+    # Then the first two vans were returned, and two new vans were rented: no request of the new
+    # rental was answered with a booking of the undone one (its keys are its own)
+    assert result.status == "waiting", result.error
+    assert [e["id"] for e in ledger if e["action"] == "cancel"] == ["car-2", "car-1"]
+    assert [e["action"] for e in ledger].count("replay") == 0, ledger
+    assert result.state["vans"] == ["car-3", "car-4"]
+    keys = [e["idempotency_key"] for e in ledger if e["action"] == "book"]
+    assert len(set(keys)) == 4, keys
+
+
+def test_an_effect_in_flight_whose_key_was_journaled_in_the_earlier_format_is_re_sent_with_that_key(
+        db_url, orc_factory):
+    from audit_helpers import raw_sql
+
+    from orchestrator.testing import BookingService
+
+    # Given a run rolled back once, whose effect step died after its key left, its intent journaled
+    # (as versions before the `:r{n}` suffix wrote it) with the key `vans:rent:1:1`
+    wf = Workflow("vans")
+    dies = {"again": True}
+    api = {}
+
+    @wf.step(start=True)
+    def plan(ctx, state):
+        return {"round": state.get("round", 0)}
+
+    @wf.step(effect=True, compensate=lambda ctx, effect: None)
+    def rent(ctx, state):
+        if state["round"] == 1 and dies["again"]:
+            dies["again"] = False
+            ctx.idempotency_key  # the key leaves (KeyIssued), then the process dies before the request
+            raise Died
+        return {"van": ctx.http.post(f"{api['url']}/cars", json={"car": "van"}).json()["id"]}
+
+    @wf.step()
+    def approve(ctx, state):
+        return {"approved": ctx.wait_for("go")}
+
+    wf.edge("plan", "rent")
+    wf.edge("rent", "approve")
+    wf.edge("approve", END)
+    with BookingService() as service:
+        api["url"] = service.url
+        orc = orc_factory(wf, snapshot_every=1000)
+        assert orc.run(wf, {}, run_id="vans").status == "waiting"
+        with pytest.raises(Died):
+            orc.rollback("vans", to="plan", input={"round": 1})
+        started = [e for e in orc.history("vans") if e["kind"] == "StepStarted"][-1]
+        assert started["data"]["key"] == "vans:rent:1:r1"
+        old = {**started["data"], "key": "vans:rent:1:1"}
+        raw_sql(db_url, "UPDATE agentsaga_events SET data = ? WHERE seq = ? AND run_pk = "
+                        "(SELECT pk FROM agentsaga_runs WHERE run_id = ?)",
+                (json.dumps(old), started["seq"], "vans"))
+        raw_sql(db_url, "DELETE FROM agentsaga_snapshots WHERE seq >= ? AND run_pk = "
+                        "(SELECT pk FROM agentsaga_runs WHERE run_id = ?)", (started["seq"], "vans"))
+        # When a new process resumes it
+        result = orc_factory(wf).resume("vans")
+        ledger = service.ledger()
+    # Then the effect is re-sent with the key its intent carries, not with one made anew
+    assert result.status == "waiting", result.error
+    assert [e["idempotency_key"] for e in ledger if e["action"] == "book"][-1] == "vans:rent:1:1"

@@ -172,3 +172,39 @@ def test_fold_of_snapshot_plus_later_events_equals_fold_of_all(events, data):
     restored = RunState.from_json(decode_json(text))
     # Then folding the events after n onto it gives exactly the full fold
     assert fold(events[n:], reduce, start=restored).to_json() == full.to_json()
+
+
+def test_a_cancelled_attempt_is_withdrawn_only_when_its_function_never_ran():
+    # Given an effect's intent, then its attempt cancelled before or after its function was called
+    intent = (EventKind.STEP_STARTED, {"step": "a", "tick": 0, "attempt": 1, "key": "r:a:0"})
+
+    def cancelled(called: bool):
+        return (EventKind.STEP_CANCELLED, {"step": "a", "tick": 0, "attempt": 1, "called": called, "key_left": False})
+
+    before = fold(numbered([started(["a"]), intent, cancelled(False)]), reduce)
+    after = fold(numbered([started(["a"]), intent, cancelled(True)]), reduce)
+    # Then before: nothing is in flight and no attempt failed; after: the intent stays in doubt
+    assert before.in_flight == {} and before.failures == {}
+    assert after.in_flight["a"]["cancelled"] is True and after.failures == {}
+    # and a snapshot of either folds back to the same state (invariant 2)
+    for state in (before, after):
+        assert RunState.from_json(decode_json(canonical_dumps(state.to_json()))).to_json() == state.to_json()
+
+
+def test_a_final_failure_in_doubt_is_recorded_and_its_intent_ends():
+    # Given an effect whose key left, then whose step failed for good with a doubt
+    events = numbered([
+        started(["a"]),
+        (EventKind.STEP_STARTED, {"step": "a", "tick": 0, "attempt": 1, "key": "r:a:0"}),
+        (EventKind.KEY_ISSUED, {"step": "a", "tick": 0, "attempt": 1}),
+        (EventKind.STEP_FAILED, {"step": "a", "tick": 0, "attempt": 1, "error": {"type": "X", "message": "500"},
+                                 "final": True, "doubt": {"key": "r:a:0", "reason": "its key had left"}}),
+        (EventKind.RUN_FAILED, {"step": "a", "error": {"type": "InDoubtError", "message": "m"}}),
+    ])
+    run = fold(events, reduce)
+    # Then the doubt is kept (with its seq), nothing stays in flight, and a snapshot folds back to it
+    assert run.doubts == [{"seq": 4, "step": "a", "key": "r:a:0", "tick": 0, "reason": "its key had left"}]
+    assert run.in_flight == {} and run.issued == {} and run.status == "failed"
+    assert RunState.from_json(decode_json(canonical_dumps(run.to_json()))).to_json() == run.to_json()
+    # and a run with none writes no "doubts" in its snapshots (those made before the field compare equal)
+    assert "doubts" not in fold(events[:3], reduce).to_json()

@@ -8,12 +8,15 @@ exception whose ``__str__`` raises. On SQLite and Postgres.
 
 from __future__ import annotations
 
-import pytest
+import datetime as dt
 
-from orchestrator import EncodingError
+import pytest
+from pydantic import BaseModel
+
+from orchestrator import EncodingError, RunNotFoundError
 from orchestrator.payload import dumps as encode_json
-from orchestrator.payload.exceptions import error_record
-from workflows import ReducerError, Workflow, reducers
+from orchestrator.payload.exceptions import MESSAGE_LIMIT, TRACEBACK_LIMIT, bounded, error_record
+from workflows import InputError, ReducerError, Retry, Workflow, reducers
 
 
 def _kinds(orc, run_id: str) -> list[str]:
@@ -206,3 +209,261 @@ def test_reducer_errors_name_the_field_outside_the_engine_too():
     with pytest.raises(ReducerError) as raised:
         wf.reduce(state, {"n": "x"})
     assert raised.value.field == "n" and state == {"n": 1}
+
+
+# -- dict keys that are not strings (JSON would turn them into strings, or lose one of two) ---------------
+def test_int_keys_reach_the_next_step_as_returned_on_the_first_run_and_after_a_resume(orc_factory):
+    # Given a step returning dicts keyed by ints and dates, a durable call answering with int keys,
+    # and a next step that waits for a signal (so a second process drives the rest from the journal)
+    seen: list[object] = []
+    performed: list[int] = []
+    wf = Workflow("int_keys")
+
+    @wf.step(start=True)
+    def plan(ctx, state):
+        return {"by_id": {1: "a", 2: "b"}, "by_day": {dt.date(2026, 1, 2): 3}}
+
+    @wf.step
+    def lookup(ctx, state):
+        answer = ctx.durable_call("lookup", {"ids": {7: True}}, lambda: performed.append(1) or {404: "gone"})
+        seen.append((state["by_id"], state["by_day"], answer))
+        return {"answer": answer, "signal": ctx.wait_for("go")}
+
+    wf.edge("plan", "lookup")
+    first = orc_factory(wf)
+    # When it runs until the wait, and another Orchestrator sends the signal and resumes it
+    assert first.run(wf, {"given": {10: "x"}}, run_id="r1").status == "waiting"
+    second = orc_factory(wf)
+    second.signal("r1", "go", {5: "five"})
+    result = second.resume("r1")
+    # Then the step saw the keys it was given, the same on both runs, and the call was made once
+    expected = ({1: "a", 2: "b"}, {dt.date(2026, 1, 2): 3}, {404: "gone"})
+    assert seen == [expected, expected] and performed == [1]
+    assert result.status == "completed"
+    assert result.state == {"given": {10: "x"}, "by_id": {1: "a", 2: "b"}, "by_day": {dt.date(2026, 1, 2): 3},
+                            "answer": {404: "gone"}, "signal": {5: "five"}}
+    assert second.verify("r1").ok
+
+
+def test_a_dict_whose_keys_would_collide_fails_the_step_and_ends_the_run(orc_factory):
+    # Given a step returning a dict in which 1 and "1" would both be written as "1"
+    ledger: list[str] = []
+    wf = Workflow("colliding_keys")
+
+    @wf.step
+    def a(ctx, state):
+        ledger.append("a")
+        return {"items": [{"name": "x"}, {1: "a", "1": "b"}]}
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then the step failed naming the dict and the key, nothing of it was journaled, and the run ended
+    assert result.status == "failed"
+    assert "EncodingError" in result.error and "output of step 'a'" in result.error
+    assert "the dict at $.items[1] mixes string keys with the key 1 (int)" in result.error
+    assert "one entry would be lost" in result.error
+    assert _kinds(orc, "r1") == ["RunStarted", "StepFailed", "RunFailed"]
+    # And resuming it runs nothing again
+    assert orc.resume("r1").status == "failed"
+    assert ledger == ["a"]
+
+
+def test_an_input_or_signal_whose_keys_would_collide_is_refused_before_anything_is_written(orc_factory):
+    # Given a workflow waiting for a signal
+    wf = Workflow("colliding_doors")
+
+    @wf.step
+    def a(ctx, state):
+        return {"got": ctx.wait_for("go")}
+
+    orc = orc_factory(wf)
+    # When a run is started with colliding keys in its input, or with a state field that is not a string
+    # Then it is refused and no run exists
+    with pytest.raises(EncodingError, match=r"input of workflow 'colliding_doors'.*\$\.input\.m mixes string keys"):
+        orc.run(wf, {"m": {True: 1, "true": 2}}, run_id="bad")
+    with pytest.raises(InputError, match="input has a non-string key 3"):
+        orc.run(wf, {3: "x"}, run_id="bad2")
+    with pytest.raises(RunNotFoundError):
+        orc.get_run("bad")
+    with pytest.raises(RunNotFoundError):
+        orc.get_run("bad2")
+    # When a waiting run is sent a signal with colliding keys
+    assert orc.run(wf, {}, run_id="r1").status == "waiting"
+    with pytest.raises(EncodingError, match=r"data of signal 'go' cannot be journaled: the top-level dict mixes"):
+        orc.signal("r1", "go", {1: "a", "1": "b"})
+    # Then nothing was queued: a good signal is the one the step receives
+    orc.signal("r1", "go", {1: "a"})
+    assert orc.resume("r1").state == {"got": {1: "a"}}
+
+
+class _Scores(BaseModel):
+    by_id: dict[int, float] = {}
+
+
+def test_a_typed_state_keyed_by_ints_keeps_working(orc_factory):
+    # Given a typed state with a field keyed by ints
+    wf = Workflow("typed_int_keys", state=_Scores)
+
+    @wf.step
+    def score(ctx, state):
+        return {"by_id": {**state.by_id, 3: 0.5}}
+
+    orc = orc_factory(wf)
+    # When it runs / Then the model's keys are ints, and the journal holds them as ints
+    result = orc.run(wf, {"by_id": {1: 1.0}}, run_id="r1")
+    assert result.status == "completed" and result.state.by_id == {1: 1.0, 3: 0.5}
+    assert orc.history("r1")[1]["data"]["update"] == {"by_id": {1: 1.0, 3: 0.5}}
+
+
+def test_a_durable_call_whose_response_cannot_be_journaled_names_the_call_and_is_not_made_again(orc_factory):
+    # Given a step whose durable call answers with a dict mixing 1 and "1"
+    performed: list[int] = []
+    wf = Workflow("bad_response")
+
+    @wf.step
+    def a(ctx, state):
+        return {"r": ctx.durable_call("lookup", {"q": 1}, lambda: performed.append(1) or {1: "a", "1": "b"})}
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then the step fails naming the call and the path in its response, and the call was made once
+    assert result.status == "failed"
+    assert "response of lookup call 0 in step 'a' cannot be journaled: the top-level dict mixes" in result.error
+    assert "the call was made" in result.error
+    assert orc.resume("r1").status == "failed" and performed == [1]
+
+
+# -- exception messages of any size ------------------------------------------------------------------------
+def test_a_huge_exception_message_is_journaled_bounded_keeping_its_start_and_end(orc_factory):
+    # Given a step that raises, on each of its 2 attempts, an exception whose message is 20 MB
+    # (caused by another one, as large), with recognisable start and end
+    wf = Workflow("huge_error")
+    huge = "START " + "x" * 20_000_000 + " END"
+
+    @wf.step(retry=Retry(attempts=2, initial=0.01, max_backoff=0.01, jitter=0))
+    def a(ctx, state):
+        try:
+            raise KeyError("cause " + "y" * 20_000_000)
+        except KeyError as cause:
+            raise ValueError(huge) from cause
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then every record of the failure is bounded: start and end kept, the cut said
+    assert result.status == "failed"
+    history = orc.history("r1")
+    assert [e["kind"] for e in history] == ["RunStarted", "StepFailed", "StepFailed", "RunFailed"]
+    cut = f"…[{len(huge) - MESSAGE_LIMIT:,} of {len(huge):,} characters cut]…"
+    for event in history[1:]:
+        message = event["data"]["error"]["message"]
+        assert message.startswith("START xxx") and message.endswith("xxx END") and cut in message
+        assert len(message) <= MESSAGE_LIMIT + len(cut)
+    for failed in history[1:3]:
+        tb = failed["data"]["error"]["traceback"]
+        assert len(tb) <= TRACEBACK_LIMIT + 100
+        # the frames stay: the message inside the traceback (and its cause's) is cut in the middle
+        assert "in a\n" in tb and "ValueError: START" in tb and "characters cut]" in tb
+    assert result.error.startswith("ValueError: START") and len(result.error) < MESSAGE_LIMIT + 100
+    assert orc.get_run("r1").error == result.error
+    # And the whole journal stays small
+    assert sum(len(encode_json(e["data"])) for e in history) < 100_000
+
+
+def test_a_cut_never_splits_a_key_so_redaction_still_sees_it():
+    # Given a message holding an API key exactly where the middle would be cut
+    key = "sk-" + "A" * 40
+    pad = "word " * ((MESSAGE_LIMIT // 2 - 10) // 5)
+    message = pad + key + " " + "z " * 20_000 + " " + key + " " + pad
+    # When it is bounded
+    kept = bounded(message)
+    # Then each key is kept whole or cut whole, never a fragment
+    assert kept.count("sk-") == kept.count(key)
+    assert "characters cut]" in kept and len(kept) <= MESSAGE_LIMIT + 60
+
+
+# -- values nested very deeply -------------------------------------------------------------------------------
+def _nested(levels: int) -> list:
+    top = current = []
+    for _ in range(levels):
+        inner: list = []
+        current.append(inner)
+        current = inner
+    return top
+
+
+def test_a_value_too_deep_for_json_fails_the_step_and_ends_the_run(orc_factory):
+    # Given a step returning a list nested 100,000 levels deep (JSON cannot be written that deep)
+    ledger: list[str] = []
+    wf = Workflow("too_deep")
+
+    @wf.step
+    def a(ctx, state):
+        ledger.append("a")
+        return {"x": _nested(100_000)}
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then the step failed with an EncodingError saying so (not a RecursionError out of run), and
+    # the run ended instead of staying running
+    assert result.status == "failed" and orc.get_run("r1").status == "failed"
+    assert "EncodingError: output of step 'a' cannot be journaled: it is nested too deeply" in result.error
+    assert "more than 500 levels at $.x[0][0]" in result.error
+    assert _kinds(orc, "r1") == ["RunStarted", "StepFailed", "RunFailed"]
+    assert orc.resume("r1").status == "failed" and ledger == ["a"]
+    # And an input as deep is refused before anything is written
+    with pytest.raises(EncodingError, match="input of workflow 'too_deep' cannot be journaled: it is nested too deeply"):
+        orc.run(wf, {"x": _nested(100_000)}, run_id="r2")
+    with pytest.raises(RunNotFoundError):
+        orc.get_run("r2")
+
+
+def test_a_deep_value_the_journal_holds_is_routed_snapshotted_and_verified(orc_factory):
+    # Given a routed step returning a list nested 700 levels deep (JSON holds it; a recursive copy
+    # of two frames a level would not), with a snapshot after every event
+    wf = Workflow("deep_ok")
+
+    @wf.step
+    def a(ctx, state):
+        return {"x": _nested(700)}
+
+    @wf.step
+    def b(ctx, state):
+        return {"depth_seen": True}
+
+    wf.route("a", lambda state: "b", targets=["b"])
+    orc = orc_factory(wf, snapshot_every=1)
+    # When it runs / Then it completes, and its snapshots verify against the journal
+    result = orc.run(wf, {}, run_id="r1")
+    assert result.status == "completed", result.error
+    assert result.state["depth_seen"] is True
+    assert orc.verify("r1").ok
+
+
+# -- durations a timer cannot be journaled with -------------------------------------------------------------
+@pytest.mark.parametrize("call, said", [
+    (lambda ctx: ctx.sleep(float("nan")), "ctx.sleep needs a finite number of seconds >= 0, got nan"),
+    (lambda ctx: ctx.sleep(float("inf")), "ctx.sleep needs a finite number of seconds >= 0, got inf"),
+    (lambda ctx: ctx.sleep(True), "ctx.sleep needs a finite number of seconds >= 0, got True"),
+    (lambda ctx: ctx.wait_for("go", timeout=float("nan")), "wait_for timeout must be a finite number"),
+    (lambda ctx: ctx.wait_for("go", timeout=float("inf")), "(None: no timeout), got inf"),
+], ids=["sleep nan", "sleep inf", "sleep True", "wait nan", "wait inf"])
+def test_a_timer_of_nan_or_infinite_seconds_fails_the_step_instead_of_stranding_the_run(orc_factory, call, said):
+    # Given a step that sleeps or waits for a duration JSON cannot hold
+    wf = Workflow("bad_timer")
+
+    @wf.step
+    def a(ctx, state):
+        call(ctx)
+        return {}
+
+    orc = orc_factory(wf)
+    # When the run is driven
+    result = orc.run(wf, {}, run_id="r1")
+    # Then the step failed naming the call and the value, and the run ended: nothing left running
+    assert result.status == "failed" and orc.get_run("r1").status == "failed"
+    assert "ValueError" in result.error and said in result.error
+    assert _kinds(orc, "r1") == ["RunStarted", "StepFailed", "RunFailed"]

@@ -149,6 +149,54 @@ def test_restoring_a_run_whose_workflow_is_not_registered_leaves_no_database_beh
     assert sorted(p.name for p in project.iterdir()) == before
 
 
+def _gzip_bomb(path: Path, mib: int, head: bytes = b"") -> Path:
+    """A small gzip file that decompresses to ``mib`` MiB (``head``, then zero bytes)."""
+    with gzip.open(path, "wb", compresslevel=9) as fh:
+        fh.write(head)
+        block = b"\0" * (1 << 20)
+        for _ in range(mib):
+            fh.write(block)
+    return path
+
+
+def test_restoring_a_gzip_bomb_is_refused_at_the_bound_and_leaves_no_database_behind(project):
+    # Given a 64 KB file that decompresses to 64 MiB, starting like a savepoint
+    bomb = _gzip_bomb(project / "bomb.savepoint.json.gz", 64, b'{"format": "agentsaga-savepoint", "pad": "')
+    assert bomb.stat().st_size < 200_000
+    before = sorted(p.name for p in project.iterdir())
+    # When it is restored with a bound of 1 MiB into a SQLite file that does not exist yet
+    done = agentsaga(project, "restore", bomb.name, "--max-size", "1M", "--app", "flows.py", "--db", "sqlite:///new.db")
+    # Then it is refused in one line naming the file and the bound, and nothing was left behind
+    one_line_error(done, bomb.name, "decompresses to more than 1,048,576 bytes", "refused before anything was written")
+    assert sorted(p.name for p in project.iterdir()) == before
+    # And a bound that is not a size is a usage error
+    bad = agentsaga(project, "restore", bomb.name, "--max-size", "lots", "--db", "sqlite:///new.db")
+    assert bad.returncode == 2 and "--max-size 'lots' is not a size" in bad.stderr
+    assert sorted(p.name for p in project.iterdir()) == before
+
+
+def test_a_gzip_bomb_is_read_a_chunk_at_a_time_up_to_the_bound(project, tmp_path):
+    import tracemalloc
+
+    from orchestrator import SavepointError
+
+    # Given a file that decompresses to 64 MiB, and a database with the workflow registered
+    bomb = _gzip_bomb(tmp_path / "bomb.gz", 64)
+    wf = app(project)
+    with Orchestrator(f"sqlite:///{tmp_path / 'target.db'}", workflows=[wf]) as orc:
+        # When it is restored with a bound of 2 MiB
+        tracemalloc.start()
+        try:
+            with pytest.raises(SavepointError, match="decompresses to more than 2,097,152 bytes"):
+                orc.restore(bomb, max_bytes=2 * 1024 * 1024)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        # Then it held no more than about the bound in memory, and wrote nothing
+        assert peak < 8 * 1024 * 1024
+    assert run_ids(f"sqlite:///{tmp_path / 'target.db'}") == []
+
+
 def test_a_good_file_is_still_restored_into_a_new_sqlite_database(project, savepoint):
     # When a good savepoint is restored into a SQLite file that does not exist yet
     done = agentsaga(project, "restore", savepoint.name, "--app", "flows.py", "--db", "sqlite:///new.db")
@@ -311,3 +359,25 @@ def test_recover_with_no_unfinished_runs_says_there_is_nothing_to_recover(projec
     # When recover runs, then it says there is nothing to recover
     done = agentsaga(project, "recover", "--app", "flows.py", "--db", db_url)
     assert (done.returncode, done.stdout) == (0, "no interrupted runs to recover\n"), done.stderr
+
+
+def test_a_savepoints_default_file_stays_in_the_working_directory_whatever_the_run_id(project, tmp_path):
+    # Given finished runs whose ids hold path separators
+    source = f"sqlite:///{tmp_path / 'source.db'}"
+    finished_run(project, source, run_id="../escape")
+    finished_run(project, source, run_id="sub/dir")
+    outside = sorted(p.name for p in project.parent.iterdir())
+    # When each is saved without --out, under a name holding a separator too
+    for run_id in ("../escape", "sub/dir"):
+        done = agentsaga(project, "savepoint", run_id, "--name", "v/1", "--db", source)
+        assert done.returncode == 0, done.stderr
+    # Then both files are in the working directory, named with the id and name URL-quoted,
+    # and nothing was written beside it
+    assert sorted(p.name for p in project.glob("*.savepoint.json.gz")) == [
+        "..%2Fescape.v%2F1.savepoint.json.gz", "sub%2Fdir.v%2F1.savepoint.json.gz"]
+    assert sorted(p.name for p in project.parent.iterdir()) == outside
+    # And each restores as the run it holds
+    done = agentsaga(project, "restore", "..%2Fescape.v%2F1.savepoint.json.gz", "--app", "flows.py",
+                     "--db", "sqlite:///new.db")
+    assert done.returncode == 0, done.stderr
+    assert run_ids(f"sqlite:///{project / 'new.db'}") == ["../escape"]

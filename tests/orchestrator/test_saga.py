@@ -120,6 +120,41 @@ def test_failed_payment_compensates_every_booking_newest_first(make):
     assert [s["key"] for s in started] == ["t1:book_flight:0", "t1:book_hotel:1", "t1:book_car:2"]
 
 
+@pytest.mark.parametrize("returned, said", [
+    ({"refund": object()}, "value of type builtins.object is not JSON-encodable at $.refund"),
+    ({"by_id": {1: "a", "1": "b"}}, "the dict at $.by_id mixes string keys with the key 1"),
+], ids=["not JSON", "colliding keys"])
+def test_a_compensation_whose_result_cannot_be_journaled_is_still_done_once(make, returned, said):
+    # Given a booking whose compensation undoes it and returns something the journal cannot hold
+    undone: list[str] = []
+
+    def cancel(ctx, effect):
+        undone.append(effect.step)
+        return returned
+
+    wf = Workflow("odd-undo")
+
+    @wf.step(effect=True, compensate=cancel)
+    def book(ctx, state):
+        return {"booked": True}
+
+    @wf.step
+    def pay(ctx, state):
+        raise PermissionError("card declined")
+
+    orc = make(wf)
+    # When the payment fails and the booking is compensated
+    result = orc.run(wf, {}, run_id="u1")
+    # Then the undo is journaled as done, with why its result is missing, and the run is compensated
+    # (before, the error escaped and left the run compensating, undone again on every resume)
+    assert result.status == "compensated" and undone == ["book"]
+    [done] = [e["data"] for e in orc.history("u1") if e["kind"] == "CompensationCompleted"]
+    assert "result" not in done and said in done["result_unjournaled"]
+    assert "the result of the compensation of step 'book' cannot be journaled" in done["result_unjournaled"]
+    # And resuming it undoes nothing again
+    assert orc.resume("u1").status == "compensated" and undone == ["book"]
+
+
 def test_an_effect_without_compensation_fails_the_run_and_is_listed(make):
     world = World()
     wf = trip_workflow(world, car_compensable=False)
@@ -223,10 +258,13 @@ def test_an_effect_in_doubt_with_resend_false_and_no_check_is_not_sent_again(mak
     result = make(trip_workflow(world, resend=False)).resume("t5")
     # Then the run does not guess: the hotel is not booked twice, the flight is compensated
     assert world.calls.count("book hotel") == 1
-    assert result.status == "compensated"
     assert world.cancelled == ["flight-1"]
     failed = [e["data"] for e in make(dying).history("t5") if e["kind"] == "StepFailed"]
     assert failed[0]["error"]["type"] == "orchestrator.errors.InDoubtError"
+    # and it does not claim to be compensated while the hotel booking may stand: it failed, naming it
+    assert result.status == "failed"
+    assert result.error.startswith("orchestrator.errors.InDoubtError: ")
+    assert "book_hotel (key t5:book_hotel:1)" in result.error and "NOT undone" in result.error
 
 
 def test_rollback_undoes_effects_after_the_checkpoint_and_continues_another_way(make):
@@ -246,7 +284,7 @@ def test_rollback_undoes_effects_after_the_checkpoint_and_continues_another_way(
     history = orc.history("t6")
     assert [e["kind"] for e in history].count("RolledBack") == 1
     keys = [e["data"]["key"] for e in history if e["kind"] == "StepStarted"]
-    assert keys[-2:] == ["t6:book_hotel:1:1", "t6:book_car:2:1"]
+    assert keys[-2:] == ["t6:book_hotel:1:r1", "t6:book_car:2:r1"]
 
 
 def test_rollback_to_a_point_that_does_not_exist_changes_nothing(make):

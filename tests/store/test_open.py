@@ -293,3 +293,16 @@ def test_damaged_version_row_is_a_store_error(db_url, raw_sql):
     raw_sql("UPDATE agentsaga_meta SET value = 'banana' WHERE key = 'schema_version'")
     with pytest.raises(StoreError, match="banana"):
         open_store(db_url)
+
+
+@pytest.mark.parametrize("create", [True, False], ids=["to write", "to read"])
+def test_a_sqlite_url_naming_a_directory_is_a_config_error_saying_so(tmp_path, create):
+    # Given a SQLite URL that names a directory
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    # When a store is opened on it / Then the error says it is a directory and how to name a file
+    with pytest.raises(ConfigError, match=r"names a directory .*not a database file: name a file in it, "
+                                          r"e\.g\. sqlite:///.*runs/agentsaga\.db"):
+        open_store(f"sqlite:///{folder}", create=create)
+    # And nothing was made in it
+    assert list(folder.iterdir()) == []

@@ -20,8 +20,14 @@ Inside an agentsaga step, every model request and every tool call of the agent i
 of the step (``ctx.adurable_call``): journaled as ``CallCompleted`` the moment it returns, and
 answered from the journal when the step runs again (a crash, a retry, a wake-up), so a completed
 model request is never paid for twice and a completed tool call never runs twice. Outside a step
-(or inside a durable call, e.g. an agent run by another agent's tool) the capability is
-transparent: the agent runs as it always does.
+the capability is transparent: the agent runs as it always does.
+
+Delegation. An agent run inside a tool call (a tool that delegates to another agent) is durable
+too: its model requests and tool calls are durable calls made inside the tool's call, numbered
+under it (``"3.0"``, ``"3.1"``... inside call 3; see ``orchestrator.engine.context.CallScope``).
+When the step runs again, a completed tool call is answered from the journal and the agent inside
+it does not run; a tool call that had not completed runs again, and the requests its agent had
+journaled are answered from the journal, not paid for again.
 
 Built on pydantic-ai's public engine-builder surface (``pydantic_ai.durable_exec``): a
 ``BaseDurabilityCapability`` whose backend is a ``JournalCallableOperationBackend``, the tier for
@@ -54,9 +60,10 @@ again (an effect tool with the same idempotency key).
 
 Effects. Every tool call has the key ``"{step key}:{agent}:{index}:{tool call id}"``
 (``tool_context().idempotency_key``, sent by ``tool_context().http``): the step key is
-``ctx.idempotency_key`` (run, step, tick) and ``index`` the call's position in the step execution,
-so the key is the same when the call is re-sent after a crash and differs for two agent runs in one
-step even when a model reuses tool call ids. ``effects={"tool name": undo}`` marks the tools that
+``ctx.idempotency_key`` (run, step, tick) and ``index`` the call's position in the step execution
+(``3`` or, for a tool of an agent run inside call 3, ``3.1``), so the key is the same when the call
+is re-sent after a crash and differs for two agent runs in one step even when a model reuses tool
+call ids. ``effects={"tool name": undo}`` marks the tools that
 change the world: a completed call of one is journaled as an effect of its own the moment it
 returns; make the step ``effect=True, compensate=durability.compensate`` and the saga undoes them
 newest first with ``undo(tctx, record)`` when the run fails (``tctx.idempotency_key ==
@@ -106,7 +113,6 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.tools import AgentDepsT, RunContext
 
 from orchestrator.engine.context import StepContext, current_step
-from orchestrator.engine.context import CALL_INDEX
 from orchestrator.errors import EncodingError
 
 __all__ = ["AgentsagaDurability", "ToolCallContext", "tool_context", "VOLATILE"]
@@ -137,8 +143,8 @@ class ToolCallContext:
 
     @property
     def http(self) -> Any:
-        """HTTP for this call, sending its key: plain requests recorded with the step's journal event
-        (not durable calls of their own, which would shift the step's numbering on resume)."""
+        """HTTP for this call, sending its key: plain requests recorded with the step's journal event,
+        sent again (with the same key) when the tool call runs again."""
         if self.idempotency_key is None:
             raise RuntimeError("tool_context().http is only available while a tool call is performed in a step")
         if self._sub is None:
@@ -154,9 +160,6 @@ class ToolCallContext:
 
 
 _TOOL_CALL: ContextVar[ToolCallContext | None] = ContextVar("agentsaga_pydantic_ai_tool_call", default=None)
-# Set while a durable call's body runs: an agent run inside it (a tool that runs another agent) is
-# part of that call, journaled with its result, not a series of calls of its own.
-_IN_CALL: ContextVar[bool] = ContextVar("agentsaga_pydantic_ai_in_call", default=False)
 
 
 def tool_context() -> ToolCallContext | None:
@@ -165,12 +168,13 @@ def tool_context() -> ToolCallContext | None:
 
 
 class _StepRuns:
-    """Per step execution: how many agent runs it started (a run's ordinal makes its default id)."""
+    """Per step execution: how many agent runs it started, at the top of the step and inside each
+    durable call (a run's ordinal there makes its default id)."""
 
-    __slots__ = ("count",)
+    __slots__ = ("counts",)
 
     def __init__(self) -> None:
-        self.count = 0
+        self.counts: dict[int | str | None, int] = {}
 
 
 # Keyed weakly by the step's context: the count goes with the step execution.
@@ -225,7 +229,7 @@ class AgentsagaDurability(BaseDurabilityCapability[AgentDepsT]):
     # -- where we are --------------------------------------------------------------------------------
     @property
     def in_durable_context(self) -> bool:
-        return current_step() is not None and not _IN_CALL.get()
+        return current_step() is not None
 
     def _step(self) -> StepContext | None:
         return current_step() if self.in_durable_context else None
@@ -235,9 +239,14 @@ class AgentsagaDurability(BaseDurabilityCapability[AgentDepsT]):
         if step is None:
             return None
         runs = _RUNS.setdefault(step, _StepRuns())
-        runs.count += 1
-        # The n-th agent run of a step execution is the n-th again when the step runs again.
-        return f"{step.idempotency_key}:{self.name}:{runs.count}"
+        # The n-th agent run of a step execution is the n-th again when the step runs again; one run
+        # inside a durable call (a delegate of a tool) is counted within that call, which a resumed
+        # step may answer from the journal without running it.
+        inside = step.call_position
+        n = runs.counts[inside] = runs.counts.get(inside, 0) + 1
+        if inside is None:
+            return f"{step.idempotency_key}:{self.name}:{n}"
+        return f"{step.idempotency_key}:{self.name}:{inside}/{n}"
 
     def get_default_conversation_id(self, run_id: str) -> str | None:
         return conversation_id_from_run_id(run_id) if self.in_durable_context else None
@@ -364,14 +373,12 @@ class _Backend(JournalCallableOperationBackend[dict[str, Any]]):
         async def perform() -> object:
             if call is not None:
                 # The call's position in the step execution is fixed: so is its key (module docstring).
-                call.idempotency_key = f"{step.idempotency_key}:{owner.name}:{CALL_INDEX.get()}:{request['call_id']}"
-            in_call = _IN_CALL.set(True)
+                call.idempotency_key = f"{step.idempotency_key}:{owner.name}:{step.call_position}:{request['call_id']}"
             current = _TOOL_CALL.set(call)
             try:
                 return await body()
             finally:
                 _TOOL_CALL.reset(current)
-                _IN_CALL.reset(in_call)
                 if call is not None:
                     call._merge()
 
@@ -393,7 +400,7 @@ def _effect_of(call: ToolCallContext, request: dict[str, Any]) -> Callable[[Any]
 
 def _tool_records(effect: Any) -> list[dict[str, Any]]:
     """The tool effect records an effect stands for, oldest first, each once (by key)."""
-    if getattr(effect, "call", -1) >= 0:  # one tool call's own effect
+    if getattr(effect, "call", -1) != -1:  # one tool call's own effect (its position in the step)
         return [effect.result] if isinstance(effect.result, dict) and "tool" in effect.result else []
     seen: set[Any] = set()
     out = []
