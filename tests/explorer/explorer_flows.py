@@ -380,8 +380,13 @@ class Nested(Flow):
     call journaled twice or replaced, the booking ledger no room booked twice."""
 
     status = "completed"
+    #: its effect step re-sends (``resend=True``): the rules are explored on the other flows; this one
+    #: explores the numbering of calls made inside calls
+    variants = ("resend",)
 
-    def __init__(self, world: Any, variant: str = "resend") -> None:  # its steps re-send (resend=True) whatever the variant
+    def __init__(self, world: Any, variant: str = "resend") -> None:
+        if variant not in self.variants:
+            raise ValueError(f"the nested flow comes in the variants {self.variants}, not {variant!r}")
         api = world.api
         llm = LLM(base_url=world.chat_url, model="scripted", max_attempts=1, breaker=False)
         tools = ToolRegistry()
