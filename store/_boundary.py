@@ -6,7 +6,8 @@ Every public method of the Store and its parts runs its database work as
 - hands each thread its own DBAPI connection (or, for SQLite :memory:, serialises all threads
   on the single connection that holds the database);
 - translates driver exceptions: `StoreError`s raised by `work` pass through, a driver error is
-  classified by the dialect and becomes a retry, `StoreUnavailableError`, or `StoreError`
+  classified by the dialect and becomes a retry, `StoreUnavailableError`, `SchemaVersionError`
+  (a table or column missing: the schema was changed outside agentsaga), or `StoreError`
   (with the driver exception kept as `__cause__`, never raised itself);
 - retries transient failures with exponential backoff and jitter (tenacity) for `retry_for`
   seconds, replacing connections that broke.
@@ -136,6 +137,8 @@ class Boundary:
                     f"{op}: database {d.url} is unavailable (not retried: it cannot help): {str(exc).strip()}",
                     url=d.url,
                 ) from exc
+            if kind is ErrorKind.SCHEMA:
+                raise d.schema_error(exc, op) from exc
             raise StoreError(f"{op} failed on {d.url}: {type(exc).__name__}: {exc}") from exc
 
     def _unavailable(self, last: _Retryable) -> StoreUnavailableError:

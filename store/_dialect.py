@@ -17,6 +17,9 @@ from typing import Any
 
 from sqlalchemy.engine import Dialect as SADialect
 
+from ._version import schema_mismatch
+from .errors import SchemaVersionError
+
 __all__ = ["Dialect", "ErrorKind", "CHUNK", "iter_chunks", "marks"]
 
 CHUNK = 500  # ids per IN (...) list, far below every driver's parameter limit
@@ -29,6 +32,9 @@ class ErrorKind(enum.Enum):
     TRANSIENT = "transient"  # locked, deadlock, serialization: nothing was written, retry
     DISCONNECT = "disconnect"  # connection lost: reconnect and retry; a COMMIT may have landed
     UNAVAILABLE = "unavailable"  # retrying cannot help (no such file, authentication failed)
+    # a table or column the statement names is missing (a schema changed outside agentsaga), or
+    # the file is no database of this kind: report it as the schema's fault, naming the database
+    SCHEMA = "schema"
     OTHER = "other"  # a bug or a damaged database: report it at once
 
 
@@ -151,6 +157,12 @@ class Dialect:
         )
 
     # -- errors ------------------------------------------------------------------------------
+
+    def schema_error(self, exc: BaseException, op: str) -> SchemaVersionError:
+        """The error for `exc`, classified SCHEMA while doing `op`: the database, the part missing
+        (the driver's first line: "no such column: recoveries") and what to do."""
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return schema_mismatch(self.url, op, detail)
 
     def classify(self, exc: BaseException, conn: Any | None) -> ErrorKind:
         """What `exc` (one of `driver_errors`) means; `conn` is None while connecting."""

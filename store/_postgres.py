@@ -39,6 +39,8 @@ _SESSION_LOST = frozenset({"57P01", "57P02", "57P03"})  # admin/crash shutdown, 
 # Failures that leave the session usable and succeed when simply tried again.
 _ROLLED_BACK = frozenset({"40001", "40P01"})  # serialization failure, deadlock detected
 _RETRY_IN_PLACE = frozenset({"55P03", "53300"})  # lock not available, too many connections
+# A statement naming a table or column the schema lacks: undefined_table, undefined_column.
+_SCHEMA_MISSING = frozenset({"42P01", "42703"})
 # A refused login carries no SQLSTATE in libpq's connect error, only the server's FATAL text:
 # these mean the URL itself is wrong (database, role, password, pg_hba), so retrying cannot help.
 _PERMANENT_AT_CONNECT = re.compile(
@@ -173,4 +175,6 @@ class PostgresDialect(Dialect):
         # 40003, statement completion unknown, is not known to be rolled back.)
         if sqlstate in _ROLLED_BACK or isinstance(exc, pg_errors.TransactionRollback) or sqlstate in _RETRY_IN_PLACE:
             return ErrorKind.TRANSIENT
+        if sqlstate in _SCHEMA_MISSING:
+            return ErrorKind.SCHEMA
         return ErrorKind.OTHER

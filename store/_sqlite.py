@@ -9,6 +9,7 @@ failing with SQLITE_BUSY when it tries to upgrade its read snapshot to a write.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from sqlalchemy.engine import URL
 
 from ._dialect import Dialect, ErrorKind
 from ._url import config_error, mask_url
-from .errors import ConfigError, StoreUnavailableError
+from .errors import ConfigError, SchemaVersionError, StoreUnavailableError
 
 __all__ = ["SQLiteDialect"]
 
@@ -28,8 +29,11 @@ JOURNAL_MODES = ("WAL", "DELETE", "TRUNCATE", "PERSIST", "MEMORY", "OFF")
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")  # index == PRAGMA synchronous's number
 
 # Primary codes (the low byte of the extended result code), see sqlite.org/rescode.html.
-_BUSY, _LOCKED, _CANTOPEN = 5, 6, 14
+_ERROR, _BUSY, _LOCKED, _CANTOPEN, _NOTADB = 1, 5, 6, 14, 26
 _CONSTRAINT_PRIMARYKEY, _CONSTRAINT_UNIQUE = 1555, 2067
+
+# SQLITE_ERROR's messages for a statement naming a table or column the database lacks.
+_MISSING = re.compile(r"^(no such (table|column):|table \S+ has no column named )")
 
 # RETURNING (claims, leases, create_run) arrived in SQLite 3.35.
 _MIN_VERSION = (3, 35, 0)
@@ -166,4 +170,14 @@ class SQLiteDialect(Dialect):
             return ErrorKind.TRANSIENT
         if primary == _CANTOPEN:
             return ErrorKind.UNAVAILABLE
+        if primary == _NOTADB or (primary == _ERROR and _MISSING.search(str(exc))):
+            return ErrorKind.SCHEMA
         return ErrorKind.OTHER
+
+    def schema_error(self, exc: BaseException, op: str) -> SchemaVersionError:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == _NOTADB:
+            return SchemaVersionError(
+                f"{self.url} is not an agentsaga database: the file is not a SQLite database ({exc}). "
+                "Point --db / AGENTSAGA_DB at an agentsaga database, or at a new file to start one",
+                found=None)
+        return super().schema_error(exc, op)

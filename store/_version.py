@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from .errors import SchemaVersionError, StoreError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema"]
+__all__ = ["CREATES_SCHEMA", "MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema", "schema_mismatch"]
 
 SCHEMA_VERSION = 3
 
@@ -22,6 +22,12 @@ SCHEMA_VERSION = 3
 # all or nothing and two processes never run it twice.
 Migration = Callable[[Callable[[str], None], str], None]
 MIGRATIONS: dict[int, Migration] = {}
+
+#: What creates or migrates a schema, as the refusals say it: an open that may write.
+CREATES_SCHEMA = (
+    "Orchestrator(url) or open_store(url) in Python, or a verb that drives runs: "
+    "agentsaga run, enqueue, resume, recover or worker"
+)
 
 
 def _v1_to_v2(execute: Callable[[str], None], dialect_name: str) -> None:
@@ -118,7 +124,7 @@ def check_schema(dialect, conn) -> int:
     if found is None:
         raise SchemaVersionError(
             f"{dialect.url} holds no agentsaga tables: not an agentsaga database, or none was "
-            "written yet",
+            f"written yet. Reading never creates them; the first open that may write does: {CREATES_SCHEMA}",
             found=None,
             supported=SCHEMA_VERSION,
         )
@@ -127,12 +133,26 @@ def check_schema(dialect, conn) -> int:
         raise SchemaVersionError(
             f"{dialect.url} has schema version {found} and this agentsaga reads version "
             f"{SCHEMA_VERSION}: it needs a migration, which an open for reading never makes. An "
-            "open that may write migrates it: a verb that drives runs (agentsaga run, resume, "
-            "recover or worker), or Orchestrator(url) or open_store(url) in Python; read it after that",
+            f"open that may write migrates it: {CREATES_SCHEMA}; read it after that",
             found=found,
             supported=SCHEMA_VERSION,
         )
     return found
+
+
+def schema_mismatch(url: str, op: str, problem: str) -> SchemaVersionError:
+    """The error for a statement that met a table or column missing from a database whose
+    version row says it is current: a schema changed or dropped outside agentsaga (a table
+    dropped, a column removed, a restore of part of it). Nothing is created or repaired for it:
+    guessing what the missing parts held could lose or invent history."""
+    return SchemaVersionError(
+        f"{url} lacks part of the agentsaga schema (version {SCHEMA_VERSION}) it is marked with: "
+        f"{problem} (in {op}). Its tables were changed outside agentsaga, which never repairs a "
+        "schema by guessing: restore the database from a backup, or use another one. An empty "
+        f"database gets the whole schema from the first open that may write: {CREATES_SCHEMA}",
+        found=None,
+        supported=SCHEMA_VERSION,
+    )
 
 
 def ensure_schema(dialect, conn) -> int | None:

@@ -5,8 +5,10 @@ crosses the package boundary (the driver's exception is kept as `__cause__` for 
 
     StoreError
      ├── ConfigError            malformed URL / unsupported scheme / bad option
-     ├── SchemaVersionError     database made by a newer agentsaga; with create=False also
- │                          one without the agentsaga tables, or one that needs a migration
+     ├── SchemaVersionError     database made by a newer agentsaga; one lacking a table or column
+     │                          (changed behind agentsaga's back); a file that is no SQLite
+     │                          database; with create=False also one without the agentsaga
+     │                          tables, or one that needs a migration
      ├── StoreUnavailableError  unreachable or locked after retrying with backoff for `retry_for` s
      ├── RunNotFoundError       unknown run id (carries .run_id)
      ├── DuplicateRunError      run id or dedup key already exists
@@ -45,7 +47,9 @@ class ConfigError(StoreError):
 class SchemaVersionError(StoreError):
     """The database was created by a newer agentsaga than this one; or, opened with
     ``create=False`` (which never creates or migrates a schema), it holds no agentsaga tables
-    (``found`` None) or an older schema that needs a migration (``found`` < ``supported``)."""
+    (``found`` None) or an older schema that needs a migration (``found`` < ``supported``); or
+    a statement met a table or column missing from it (its schema changed behind agentsaga's
+    back), or the file is no SQLite database (``found`` None)."""
 
     def __init__(self, message: str, *, found: int | None = None, supported: int | None = None):
         super().__init__(message)

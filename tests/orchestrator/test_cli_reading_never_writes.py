@@ -28,6 +28,8 @@ from workflows import Workflow  # noqa: E402
 pytestmark = pytest.mark.slow
 
 NOT_AGENTSAGA = "holds no agentsaga tables: not an agentsaga database, or none was written yet"
+CREATES = ("the first open that may write does: Orchestrator(url) or open_store(url) in Python, or a verb "
+           "that drives runs: agentsaga run, enqueue, resume, recover or worker")
 TOP = str(2**63 - 1)
 
 
@@ -108,9 +110,9 @@ def test_a_reading_verb_refuses_another_applications_database_and_changes_nothin
     before = footprint(foreign)
     # When a reading verb is pointed at it
     done = cli(*args, "--db", foreign, cwd=out)
-    # Then it fails with one line naming the database, exit 1
+    # Then it fails with one line naming the database and what creates a schema, exit 1
     assert done.returncode == 1, done.stdout
-    assert_one_line_error(done, f"{foreign} {NOT_AGENTSAGA}")
+    assert_one_line_error(done, f"{foreign} {NOT_AGENTSAGA}", CREATES)
     # And the database is exactly what it was, and the verb wrote no file of its own either
     assert footprint(foreign) == before
     assert _tables(foreign) == ["users"]
@@ -151,7 +153,7 @@ def test_a_database_that_needs_a_migration_is_refused_naming_what_migrates_it(db
     # Then it is refused naming the database and the verbs that migrate it, and nothing was migrated
     assert done.returncode == 1
     assert_one_line_error(done, f"{db_url} has schema version 2 and this agentsaga reads version 3",
-                          "agentsaga run, resume, recover or worker")
+                          "agentsaga run, enqueue, resume, recover or worker")
     assert raw_sql(db_url, "SELECT value FROM agentsaga_meta WHERE key = 'schema_version'") == [("2",)]
     assert footprint(db_url) == before
 
@@ -168,6 +170,23 @@ def test_a_database_from_a_newer_agentsaga_is_named(db_url, out):
     assert_one_line_error(done, "database schema version 99 is newer than this agentsaga supports (3)",
                           url.replace("pw123", "***"))
     assert "pw123" not in done.stderr
+
+
+@pytest.mark.parametrize("args", [["runs"], ["show", "r1"], ["history", "r1"]], ids=["runs", "show", "history"])
+def test_a_schema_missing_a_column_is_named_in_one_line_not_a_driver_error(db_url, out, args):
+    # Given an agentsaga database whose runs table lost a column behind agentsaga's back (an older
+    # or hand-edited schema under a current version row), reached on Postgres with a password
+    _one_run(db_url)
+    raw_sql(db_url, "ALTER TABLE agentsaga_runs DROP COLUMN recoveries")
+    url = db_url if db_url.startswith("sqlite") else "postgresql://postgres:pw123@" + db_url.split("@", 1)[1]
+    # When a reading verb reads it
+    done = cli(*args, "--db", url, cwd=out)
+    # Then one line names the database (password masked), the missing column and what to do
+    assert done.returncode == 1
+    assert_one_line_error(done, f"{url.replace('pw123', '***')} lacks part of the agentsaga schema (version 3)",
+                          "recoveries", "restore the database from a backup, or use another one")
+    assert "pw123" not in done.stderr
+    assert "OperationalError" not in done.stderr and "UndefinedColumn" not in done.stderr
 
 
 def test_a_deleted_version_row_is_damage_and_a_reading_verb_does_not_stamp_it(db_url, out):

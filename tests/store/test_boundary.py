@@ -8,7 +8,7 @@ import threading
 import pytest
 from store_helpers import T0, ev, new_run, raw_connect
 
-from store import StoreError, StoreUnavailableError, open_store
+from store import SchemaVersionError, StoreError, StoreUnavailableError, open_store
 
 
 def test_unreachable_postgres_is_unavailable_after_retrying():
@@ -83,11 +83,15 @@ def test_driver_errors_are_translated_not_leaked(store, raw_sql):
     new_run(store, "r1")
     raw_sql("DROP TABLE agentsaga_events")
     # When reading or appending
-    for call in (lambda: store.events("r1"), lambda: store.append("r1", [ev(2)], token=1, now=T0)):
+    for op, call in (("events", lambda: store.events("r1")),
+                     ("append", lambda: store.append("r1", [ev(2)], token=1, now=T0))):
         with pytest.raises(StoreError) as raised:
             call()
-        # Then the error is the store's own, naming the operation, with the driver's as cause
-        assert type(raised.value) is StoreError
+        # Then the error is the store's own (a missing table is the schema's fault), naming the
+        # database, the table and the operation, with the driver's as cause
+        assert type(raised.value) is SchemaVersionError
+        assert str(raised.value).startswith(f"{store.url} lacks part of the agentsaga schema")
+        assert "agentsaga_events" in str(raised.value) and f"(in {op})" in str(raised.value)
         assert raised.value.__cause__ is not None
         assert not isinstance(raised.value.__cause__, StoreError)
 

@@ -81,8 +81,12 @@ def test_a_database_of_another_application_is_refused_and_left_as_it_was(foreign
     # When it is opened for reading
     with pytest.raises(SchemaVersionError) as refused:
         open_store(foreign, create=False, retry_for=0)
-    # Then it is refused, naming the database, and not one byte or table of it changed
-    assert str(refused.value) == f"{foreign} {NOT_AGENTSAGA}"
+    # Then it is refused, naming the database and what creates a schema, and not one byte or table
+    # of it changed
+    assert str(refused.value) == (
+        f"{foreign} {NOT_AGENTSAGA}. Reading never creates them; the first open that may write does: "
+        "Orchestrator(url) or open_store(url) in Python, or a verb that drives runs: "
+        "agentsaga run, enqueue, resume, recover or worker")
     assert (refused.value.found, refused.value.supported) == (None, SCHEMA_VERSION)
     assert _footprint(foreign) == before
     assert _tables(foreign) == ["users"]
@@ -186,7 +190,7 @@ def test_an_older_schema_is_refused_naming_what_migrates_it_and_nothing_is_migra
     message = str(refused.value)
     assert message.startswith(f"{db_url} has schema version {SCHEMA_VERSION} and this agentsaga reads "
                               f"version {SCHEMA_VERSION + 1}: it needs a migration")
-    assert "agentsaga run, resume, recover or worker" in message and "Orchestrator(url)" in message
+    assert "agentsaga run, enqueue, resume, recover or worker" in message and "Orchestrator(url)" in message
     assert (refused.value.found, refused.value.supported) == (SCHEMA_VERSION, SCHEMA_VERSION + 1)
     # And no migration ran, the version row still says the old version, nothing changed
     assert ran == []
