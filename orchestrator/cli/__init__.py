@@ -46,9 +46,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args in (["--help"], ["-h"]):
         sys.stdout.write(help_text())
         return 0
+    if verb_of(args) == "worker":
+        return _worker(args, entry=argv is None)
     from orchestrator.cli.commands import main as run
 
     return run(args)
+
+
+def verb_of(args: Sequence[str]) -> str | None:
+    """The verb of a command line, read before the parser is built (``--db URL`` may precede it)."""
+    words = iter(args)
+    for word in words:
+        if word == "--db":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _worker(args: list[str], *, entry: bool) -> int:
+    """``agentsaga worker``: a SIGTERM or SIGINT before the worker is ready (while the engine, the
+    app or the database are being opened) ends start-up in order, exit 0 (``cli/stopping.py``).
+    ``entry``: this is the process's command (the console script, ``python -m``), which ends when
+    the worker has stopped, so the handlers stay to the end; called in-process (``main([...])``),
+    the caller's handlers are put back."""
+    from orchestrator.cli.stopping import StopRequested, catch_while_starting, restore
+
+    previous = catch_while_starting()
+    try:
+        from orchestrator.cli.commands import main as run
+
+        return run(args)
+    except StopRequested as stop:
+        print(f"agentsaga: worker stopped by {stop.name} while starting, before it claimed any run",
+              file=sys.stderr)
+        return 0
+    finally:
+        if not entry:
+            restore(previous)
 
 
 def __getattr__(name: str) -> object:

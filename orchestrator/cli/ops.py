@@ -11,8 +11,9 @@ the project config (``config.py``); the ``Compensations`` registries at the top 
 modules undo their effects. A run of any other workflow is left for a worker that has it;
 a worker is never told by the database what to import (invariant 11). It runs until SIGTERM or
 SIGINT, then stops claiming, lets in-flight runs finish for ``--drain`` seconds, hands the rest back
-and exits 0. Bad settings (a limit of 0, a malformed rate, an unknown option, no app anywhere) are
-exit 2 before anything starts.
+and exits 0; either signal while it is still starting (importing, opening the database) ends
+start-up and exits 0 too (``cli/stopping.py``). Bad settings (a limit of 0, a malformed rate, an
+unknown option, no app anywhere) are exit 2 before anything starts.
 
 ``stats`` only reads: it imports nothing.
 """
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.cli.stopping import hand_to
 from orchestrator.cli.common import (
     UsageError,
     add_app_flag,
@@ -86,7 +88,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
                         tracing=args.otel, redact=config.redact_patterns, redact_fields=config.redact_fields)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
-    worker.run()
+    # From here SIGTERM / SIGINT stop the worker in order rather than end start-up (cli/stopping.py),
+    # with no moment between the two where a signal would kill the process
+    worker.run(install_signals=not hand_to(worker.stop))
     return 0
 
 

@@ -120,3 +120,16 @@ with Orchestrator({db!r}, workflows=[wf]) as orc:
         # Then each answered about the run without loading the engine, HTTP, templates or the ORM
         assert expected[argv[0]] in res["out"], (argv, res["out"])
         assert res["heavy"] == [], (argv, res["heavy"])
+
+
+def test_the_worker_verb_is_recognised_before_the_parser_is_built():
+    # Given command lines as a user types them (the worker's start-up signal handling hangs on this)
+    from orchestrator.cli import verb_of
+
+    # Then the verb is the first word that is not an option, skipping --db's URL
+    assert verb_of(["worker", "flows.py"]) == "worker"
+    assert verb_of(["--db", "sqlite:///w.db", "--debug", "worker", "flows.py"]) == "worker"
+    assert verb_of(["--db=sqlite:///w.db", "worker"]) == "worker"
+    assert verb_of(["--db", "worker", "run", "flows.py"]) == "run"  # a database file named "worker"
+    assert verb_of(["run", "worker"]) == "run"  # a workflow named "worker"
+    assert verb_of(["--debug"]) is None

@@ -100,3 +100,71 @@ def test_a_run_that_kills_its_workers_ends_dead_after_max_failures(sqlite_url, w
         rec = orc.get_run(run_id)
         assert rec.error.startswith("dead after 3 failed recoveries (more than 2)")
         assert "taken over 3 times" in rec.error
+
+
+SLOW_APP = '''
+"""An app whose import takes its time (a model loaded at import, a slow network mount): while
+STARTING_MARKER is set it says it is importing, then waits for a gate that this test never opens."""
+import os, pathlib, time
+from workflows import END, Workflow
+
+marker = os.environ.get("STARTING_MARKER")
+if marker:
+    pathlib.Path(marker).touch()
+    deadline = time.monotonic() + 120
+    while not pathlib.Path(marker + ".open").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+slow = Workflow("slow-import")
+
+@slow.step(start=True)
+def only(ctx, state):
+    return {"done": True}
+
+slow.edge("only", END)
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_worker_is_starting_ends_it_in_order_with_exit_0(sqlite_url, workers, tmp_path,
+                                                                              monkeypatch, sig):
+    # Given a queued run, and a worker for it whose app is still being imported (it said so)
+    app = tmp_path / "slow_app.py"
+    app.write_text(SLOW_APP)
+    with Orchestrator(sqlite_url, workflows=[load_target(f"{app}:slow")]) as orc:
+        run_id = orc.enqueue(orc.workflows.get("slow-import"), {})
+    marker = tmp_path / "importing"
+    monkeypatch.setenv("STARTING_MARKER", str(marker))
+    proc, log = workers(sqlite_url).start(f"{app}:slow", ready=False)
+    wait_for(lambda: marker.exists() or proc.poll() is not None, timeout=HANG, what="the app's import to begin")
+    assert proc.poll() is None, log.read_text()
+    # When it is told to stop before it is ready
+    proc.send_signal(sig)
+    # Then it exits 0 (not killed by the signal), saying it stopped while starting
+    assert proc.wait(timeout=HANG) == 0, log.read_text()
+    assert log.read_text().strip().splitlines()[-1] == (
+        f"agentsaga: worker stopped by {sig.name} while starting, before it claimed any run")
+    assert "Traceback" not in log.read_text()
+    # And it claimed nothing: the run is still pending, without a lease, its journal untouched
+    with Orchestrator(sqlite_url) as orc:
+        rec = orc.get_run(run_id)
+        assert (rec.status, rec.lease_owner) == ("pending", None)
+        assert [e["kind"] for e in orc.history(run_id)] == ["RunStarted"]
+
+
+def test_sigterm_once_the_worker_runs_its_claimed_run_hands_it_back_with_exit_0(sqlite_url, workers, tmp_path):
+    # Given a worker that is ready and drives a run held inside its first step by a gate
+    gated = load_target(target("gated"))
+    gate = tmp_path / "gate"
+    with Orchestrator(sqlite_url, workflows=[gated]) as orc:
+        run_id = orc.enqueue(gated, {"gate": str(gate)})
+        proc, log = workers(sqlite_url).start(target("gated"), args=("--drain", "0"))
+        wait_for(lambda: gate.with_name(f"gate.inside.{run_id}").exists(), timeout=HANG, what="the run's first step")
+        # When it gets SIGTERM, and then another one while it stops
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        # Then it exits 0 having handed the run back: no lease left held for another worker to wait out
+        assert proc.wait(timeout=HANG) == 0, log.read_text()
+        assert "handed back" in log.read_text() and "while starting" not in log.read_text()
+        rec = orc.get_run(run_id)
+        assert rec.lease_owner is None and rec.status not in ("failed", "dead")
