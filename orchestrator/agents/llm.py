@@ -4,6 +4,11 @@
     result = llm.chat(ctx, [{"role": "user", "content": prompt.render(q=q)}], tools=tools, temperature=0)
     result.content, result.tool_calls, result.usage, result.finish_reason
 
+What is not given is read from those variables when each call is made, not when the client is
+built (a module-level client uses the environment a test or a notebook sets up later). A call
+without a key fails naming ``OPENAI_API_KEY``: before sending, when it would go to OpenAI's API;
+for another server (which may need none) when it answers 401/403.
+
 ``chat`` goes through ``ctx.durable_call("llm", request, perform)``: the request and the response
 are journaled as a ``CallCompleted`` event the moment the model answers, so a step that runs again
 (a retry, a crash recovery, a wake-up after a wait) gets the journaled answer back without a
@@ -164,6 +169,51 @@ class ChatResult:
         return bool(self.response.get("truncated"))
 
 
+_OPENAI_HOST = httpx.URL(DEFAULT_BASE_URL).host  # answers every call without a key with 401
+
+
+class _Endpoint:
+    """Where a call goes and what it sends: the base URL, model and key of one moment (each as
+    given to the client, else from the environment), and what is derived from them once."""
+
+    __slots__ = ("inputs", "base_url", "model", "api_key", "url", "endpoint", "provider", "headers", "secrets",
+                 "secret_bytes", "wire_headers", "wire_head")
+
+    def __init__(self, inputs: tuple[str | None, str | None, str | None], extra_headers: Mapping[str, str], *,
+                 given_url: bool) -> None:
+        self.inputs = inputs
+        base_url, self.model, self.api_key = inputs
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self.url = self.parse(self.base_url, "base_url" if given_url else "OPENAI_BASE_URL")
+        self.endpoint = str(self.url)  # parsed once: httpx takes a URL as it is, a string per request
+        self.provider = f"{self.url.host}:{self.url.port}" if self.url.port else self.url.host
+        self.headers = {"Accept": "application/json", **extra_headers}
+        if self.api_key:
+            self.headers["Authorization"] = f"Bearer {self.api_key}"
+        # What this client sends that must never come back in what it journals or raises: the API
+        # key (alone and as "Bearer KEY"), sensitive headers of its own. A provider echoes them
+        # ("Incorrect API key provided: KEY") in a form no redaction rule knows.
+        self.secrets = Redactor().credentials(self.headers)
+        # ... and how each may appear in a raw JSON body (as it is, or escaped as JSON escapes it)
+        self.secret_bytes = tuple({form.encode() for secret in self.secrets
+                                   for form in (secret, json.dumps(secret)[1:-1],
+                                                json.dumps(secret, ensure_ascii=False)[1:-1])})
+        # AsyncLLM's direct path: the request's headers as sent and its head, built at its first call
+        self.wire_headers: list[tuple[bytes, bytes]] | None = None
+        self.wire_head: bytes | None = None
+
+    @staticmethod
+    def parse(base_url: str, source: str) -> httpx.URL:
+        """``base_url``'s chat completions URL; ``ConfigurationError`` naming ``source`` if it is none."""
+        try:
+            url = httpx.URL(str(base_url).rstrip("/") + "/chat/completions")
+        except (httpx.InvalidURL, TypeError, ValueError):
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise ConfigurationError(f"LLM {source} must be an http(s) URL, got {Redactor().url(str(base_url))!r}")
+        return url
+
+
 class _Base:
     kind = "llm"
 
@@ -178,15 +228,13 @@ class _Base:
             raise ConfigurationError(f"LLM max_response_bytes must be an integer >= 256, got {max_response_bytes!r}")
         if breaker is not None and not isinstance(breaker, (BreakerConfig, str, bool)):
             raise ConfigurationError(f"LLM breaker must be a name, a BreakerConfig or False, got {breaker!r}")
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        self.model = model or os.environ.get("OPENAI_MODEL") or None
-        self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY") or None
-        url = httpx.URL(self.base_url + "/chat/completions")
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ConfigurationError(f"LLM base_url must be an http(s) URL, got {Redactor().url(self.base_url)!r}")
-        self.endpoint = str(url)
-        self._url = url  # parsed once: httpx takes it as it is, where a string is parsed per request
-        self.provider = f"{url.host}:{url.port}" if url.port else url.host
+        # What was given is fixed now (a bad base_url fails here); what was not is read from the
+        # environment when a call is made (``_endpoint``), so a client built at import time (a
+        # module-level ``llm = LLM()``) uses the environment a test or a notebook set up later.
+        if base_url is not None:
+            _Endpoint.parse(base_url, "base_url")
+        self._given = (base_url, model, api_key)
+        self._endpoint_now: _Endpoint | None = None
         self.timeout = httpx.Timeout(timeout, connect=min(10.0, timeout))
         self.max_attempts = max_attempts
         self.backoff, self.max_backoff, self.max_retry_after = backoff, max_backoff, max_retry_after
@@ -195,29 +243,57 @@ class _Base:
         self._breakers = breakers
         self._headers = dict(headers or {})
         self._rng = rng or random.Random()
-        # What this client sends that must never come back in what it journals or raises: the API
-        # key (alone and as "Bearer KEY"), sensitive headers of its own. A provider echoes them
-        # ("Incorrect API key provided: KEY") in a form no redaction rule knows.
-        self._secrets = Redactor().credentials(self._http_headers())
-        # ... and how each may appear in a raw JSON body (as it is, or escaped as JSON escapes it)
-        self._secret_bytes = tuple({form.encode() for secret in self._secrets
-                                    for form in (secret, json.dumps(secret)[1:-1],
-                                                 json.dumps(secret, ensure_ascii=False)[1:-1])})
+
+    def _endpoint(self) -> _Endpoint:
+        """Base URL, model and key as of now: each as given, else from ``OPENAI_BASE_URL``,
+        ``OPENAI_MODEL`` and ``OPENAI_API_KEY`` as they are at this call. What is derived from them
+        (the parsed URL, the forms of the key to keep out of the journal) is made again only when
+        they change: three environment reads per call."""
+        base_url, model, api_key = self._given
+        env = os.environ
+        inputs = (base_url if base_url is not None else env.get("OPENAI_BASE_URL") or None,
+                  model or env.get("OPENAI_MODEL") or None,
+                  api_key if api_key is not None else env.get("OPENAI_API_KEY") or None)
+        now = self._endpoint_now
+        if now is None or now.inputs != inputs:
+            now = self._endpoint_now = _Endpoint(inputs, self._headers, given_url=base_url is not None)
+        return now
+
+    @property
+    def base_url(self) -> str:
+        return self._endpoint().base_url
+
+    @property
+    def model(self) -> str | None:
+        return self._endpoint().model
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint().endpoint
+
+    @property
+    def provider(self) -> str:
+        return self._endpoint().provider
 
     def __repr__(self) -> str:  # never the key, nor a password or key the base URL carries
-        return f"<{type(self).__name__} {self.model!r} at {Redactor().url(self.base_url)}>"
+        try:
+            now = self._endpoint()
+        except ConfigurationError:  # OPENAI_BASE_URL is no URL: the call will say so
+            return f"<{type(self).__name__} with an invalid OPENAI_BASE_URL>"
+        return f"<{type(self).__name__} {now.model!r} at {Redactor().url(now.base_url)}>"
 
     # -- the journaled request ------------------------------------------------------------------
     def request(self, messages: str | Sequence[Any], *, tools: Any = None, **params: Any) -> dict[str, Any]:
         """The request as journaled (and compared on resume and replay): no URL, no key."""
-        if self.model is None:
+        model = self.model
+        if model is None:
             raise ConfigurationError("LLM has no model: pass LLM(model=...) or set OPENAI_MODEL")
         bad = sorted(_RESERVED & params.keys())
         if bad:
             raise TypeError(f"llm.chat: {', '.join(bad)} cannot be passed as parameters"
                             + (" (streaming is not supported)" if "stream" in bad else ""))
         rendered, prompts = _messages(messages)
-        request: dict[str, Any] = {"model": self.model, "messages": rendered}
+        request: dict[str, Any] = {"model": model, "messages": rendered}
         schemas = tools.schemas() if hasattr(tools, "schemas") else tools
         if schemas:
             request["tools"] = list(schemas)
@@ -232,36 +308,43 @@ class _Base:
             body["tools"] = request["tools"]
         return body
 
-    def _http_headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", **self._headers}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
+    def _ready(self) -> _Endpoint:
+        """The endpoint a call about to leave goes to. Refuses, before anything is sent, a call to
+        OpenAI's own API without a key (it answers every one with 401); other servers (a local
+        model, a gateway) may need none, and their 401 says to set the key (``_explain``)."""
+        now = self._endpoint()
+        if now.api_key is None and now.url.host == _OPENAI_HOST:
+            raise PermanentToolError(
+                f"LLM provider {now.provider}: no API key to send; set OPENAI_API_KEY (read when a call "
+                "is made) or give the key to LLM as its api_key argument; not sent", tool=self._breaker_name(now) or "llm")
+        return now
 
     # -- breaker, retries, errors -----------------------------------------------------------------
-    def _breaker_name(self) -> str | None:
+    def _breaker_name(self, now: _Endpoint | None = None) -> str | None:
         if self._breaker is False:
             return None
         if isinstance(self._breaker, BreakerConfig):
             return self._breaker.name
-        return self._breaker if isinstance(self._breaker, str) else f"llm:{self.provider}"
+        if isinstance(self._breaker, str):
+            return self._breaker
+        return f"llm:{(now or self._endpoint()).provider}"
 
-    def _tool_options(self, ctx: Any) -> dict[str, Any]:
+    def _tool_options(self, ctx: Any, now: _Endpoint) -> dict[str, Any]:
         """HttpTool options for a sync call: the breaker hooks (the step's store-backed breakers) and redactor."""
         step_tools = _step_tools(ctx)
         options: dict[str, Any] = {"redactor": step_tools.redactor if step_tools else Redactor(),
-                                   "breaker_name": self._breaker_name() or "llm", "secrets": self._secrets}
-        breaker = self._breaker_parts(step_tools)
+                                   "breaker_name": self._breaker_name(now) or "llm", "secrets": now.secrets}
+        breaker = self._breaker_parts(step_tools, now)
         if breaker is not None:
             breakers, config_for, on_transition = breaker
             options["breaker"] = breakers.hooks(config_for, on_transition)
         return options
 
-    def _breaker_parts(self, step_tools: Any) -> tuple[StoreBreakers, Callable[[str], BreakerConfig],
-                                                       Callable[[Any], Any] | None] | None:
+    def _breaker_parts(self, step_tools: Any, now: _Endpoint) -> tuple[StoreBreakers, Callable[[str], BreakerConfig],
+                                                                        Callable[[Any], Any] | None] | None:
         """The call's breaker: the store-backed breakers, how a name finds its settings, and where
         its transitions are journaled (the step's event); None without one."""
-        if self._breaker_name() is None:
+        if self._breaker_name(now) is None:
             return None
         breakers = self._breakers or (step_tools.box.breakers if step_tools else None)
         if breakers is None:
@@ -288,21 +371,24 @@ class _Base:
         base = min(self.max_backoff, self.backoff * 2 ** (attempts - 1))
         return base * (0.5 + self._rng.random() / 2)
 
-    def _explain(self, error: Exception, attempts: int) -> Exception:
+    def _explain(self, error: Exception, attempts: int, now: _Endpoint) -> Exception:
         """The error a call raises: every one from the provider starts ``LLM provider HOST``, says the
         status it answered (or that it did not answer) and whether it was retried, then the tool's
         own words (the request line and the provider's message, redacted: never the API key)."""
-        where = f"LLM provider {self.provider}"
+        where = f"LLM provider {now.provider}"
         if isinstance(error, RetryableToolError):
             answered = f"the last answered {_status(error.status)}" if error.status else "no answer"
             return RetryableToolError(f"{where} failed after {attempts} attempt(s), {answered}: {error}",
                                       tool=error.tool, status=error.status, retry_after=error.retry_after)
         if not isinstance(error, PermanentToolError) or str(error).startswith(where):
             return error  # an open breaker is not the provider's answer; a message of ours already says it
-        if error.status in (401, 403):
+        if error.status in (401, 403) and now.api_key is None:
+            advice = ("no API key was sent: set OPENAI_API_KEY (read when a call is made) or give "
+                      "the key to LLM as its api_key argument")
+        elif error.status in (401, 403):
             advice = "check OPENAI_API_KEY or the api_key given to LLM"
         elif error.status == 404:
-            advice = f"check base_url and the model name ({self.model!r}): the provider does not know them"
+            advice = f"check base_url and the model name ({now.model!r}): the provider does not know them"
         elif error.status is not None:
             advice = "retrying the same request would not help"
         else:
@@ -310,7 +396,8 @@ class _Base:
         return PermanentToolError(f"{where} answered {_status(error.status)}: {advice}; not retried. {error}",
                                   tool=error.tool, status=error.status)
 
-    def _shape(self, response: Any, failures: list[dict[str, Any]], ms: float, redactor: Redactor) -> dict[str, Any]:
+    def _shape(self, response: Any, failures: list[dict[str, Any]], ms: float, redactor: Redactor,
+               now: _Endpoint) -> dict[str, Any]:
         """The journaled response; refuses a 2xx that is not a chat completion. ``redactor``: the
         call's (the journal's rules), for what is cut here before the journal sees it."""
         content = response.content
@@ -320,10 +407,10 @@ class _Base:
             body = None
         # A secret this client sent, echoed back (one bytes search per form on the hot path; \u or
         # \/ escapes could spell one in any form, so a body holding them is searched when parsed).
-        echoed = bool(self._secret_bytes) and (any(form in content for form in self._secret_bytes)
+        echoed = bool(now.secret_bytes) and (any(form in content for form in now.secret_bytes)
                                                or b"\\u" in content or b"\\/" in content)
         if echoed and body is not None:
-            body = redactor.scrub(body, self._secrets)
+            body = redactor.scrub(body, now.secrets)
         choices = body.get("choices") if isinstance(body, dict) else None
         if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)
                 and isinstance(choices[0].get("message"), dict)
@@ -333,10 +420,10 @@ class _Base:
             # Scrubbed and redacted before it is cut: a cut could leave a secret short of its pattern.
             text = content.decode("utf-8", errors="replace")
             if echoed:
-                text = redactor.scrub(text, self._secrets)
+                text = redactor.scrub(text, now.secrets)
             snippet = redactor.body(text)[:_SNIPPET]
-            raise PermanentToolError(f"LLM provider {self.provider} answered {response.status_code} with something "
-                                     f"that is not a chat completion: {snippet!r}", tool=self._breaker_name())
+            raise PermanentToolError(f"LLM provider {now.provider} answered {response.status_code} with something "
+                                     f"that is not a chat completion: {snippet!r}", tool=self._breaker_name(now))
         if len(content) * _MAX_GROWTH <= self.max_response_bytes:
             bounded, truncated = body, False  # fits: no need to encode it again to measure it
         else:
@@ -347,7 +434,7 @@ class _Base:
         shaped: dict[str, Any] = {
             "body": bounded, "finish_reason": choices[0].get("finish_reason"), "usage": body.get("usage"),
             "ms": round(ms, 2), "retries": len(failures), "size": len(content), "truncated": truncated,
-            "provider": self.provider,
+            "provider": now.provider,
         }
         if failures:
             shaped["failures"] = failures
@@ -407,8 +494,9 @@ class LLM(_Base):
 
     def complete(self, request: Mapping[str, Any], *, ctx: Any = None) -> dict[str, Any]:
         """Perform ``request`` now (with retries and the breaker), not journaled: what ``chat`` journals."""
-        tool = HttpTool(client=self._client_for(ctx), **self._tool_options(ctx))
-        body, headers, failures = self._body(request), self._http_headers(), []
+        now = self._ready()
+        tool = HttpTool(client=self._client_for(ctx), **self._tool_options(ctx, now))
+        body, headers, failures = self._body(request), now.headers, []
         attempts = 0
 
         def attempt() -> dict[str, Any]:
@@ -416,11 +504,11 @@ class LLM(_Base):
             attempts += 1
             started = time.perf_counter()
             try:
-                response = tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
+                response = tool.post(now.url, json=body, headers=headers, timeout=self.timeout)
             except RetryableToolError as exc:
                 failures.append(self._failure(exc, started))
                 raise
-            return self._shape(response, failures, (time.perf_counter() - started) * 1000, tool.redactor)
+            return self._shape(response, failures, (time.perf_counter() - started) * 1000, tool.redactor, now)
 
         try:
             while True:
@@ -433,7 +521,7 @@ class LLM(_Base):
                     failures[-1]["waited"] = round(wait, 3)
                     self._sleep(wait)
         except (RetryableToolError, PermanentToolError) as exc:
-            raise self._explain(exc, attempts) from None
+            raise self._explain(exc, attempts, now) from None
 
 
 class AsyncLLM(_Base):
@@ -443,11 +531,9 @@ class AsyncLLM(_Base):
         super().__init__(**options)
         self._sleep = sleep
         self._clients = LoopClients(self.timeout)  # for calls outside an Orchestrator: one per event loop
-        self._wire_headers: list[tuple[bytes, bytes]] | None = None  # see acomplete
-        self._wire_head: bytes | None = None  # the request line and those headers, checked once
         # The tool a direct call maps its errors with, one per ToolBox (its redactor): it holds
         # nothing of a call, whose breaker gate is handed to it per call.
-        self._direct: weakref.WeakKeyDictionary[Any, AsyncHttpTool] = weakref.WeakKeyDictionary()
+        self._direct: weakref.WeakKeyDictionary[Any, tuple[_Endpoint, AsyncHttpTool]] = weakref.WeakKeyDictionary()
         self._direct_lock = threading.Lock()
 
     def close(self) -> None:
@@ -462,28 +548,29 @@ class AsyncLLM(_Base):
         # The event loop's shared client (an httpx.AsyncClient is bound to its loop): the
         # Orchestrator's inside a step, else this object's own. Building a client per call would
         # cost an SSL context and a new connection per call.
+        now = self._ready()
         step_tools = _step_tools(ctx)
         box = step_tools.box if step_tools is not None else None
         client, wire = box.async_pair() if box is not None else self._clients.pair()
-        breaker = self._breaker_parts(step_tools)
+        breaker = self._breaker_parts(step_tools, now)
         # Decisions on a read of the breaker's state shared with the calls in flight, never blocking the loop.
         gate = breaker[0].gate(breaker[1], breaker[2], max_age=BREAKER_MAX_AGE) if breaker is not None else None
         body, failures = self._body(request), []
         if wire is not None:  # straight to the loop's connections, skipping the client's per-request work
-            tool = self._direct_tool(box, client, step_tools)
-            if self._wire_headers is None:
+            tool = self._direct_tool(box, client, step_tools, now)
+            if now.wire_headers is None:
                 # What the client sends for this JSON POST (its default headers and ours), built
-                # once; the transport adds Host and Content-Length.
-                built = client.build_request("POST", self._url, headers=self._http_headers(), json={})
-                self._wire_headers = [(name, value) for name, value in built.headers.raw
-                                      if name.lower() not in (b"host", b"content-length")]
-                self._wire_head = wire.head(b"POST", self._url, self._wire_headers)
+                # once per endpoint; the transport adds Host and Content-Length.
+                built = client.build_request("POST", now.url, headers=now.headers, json={})
+                now.wire_headers = [(name, value) for name, value in built.headers.raw
+                                    if name.lower() not in (b"host", b"content-length")]
+                now.wire_head = wire.head(b"POST", now.url, now.wire_headers)
             content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         else:  # through the client: a proxy from the environment applies
             tool = AsyncHttpTool(client=client, redactor=step_tools.redactor if step_tools else Redactor(),
-                                 breaker_name=self._breaker_name() or "llm", secrets=self._secrets,
+                                 breaker_name=self._breaker_name(now) or "llm", secrets=now.secrets,
                                  breaker=(gate.before, gate.after) if gate is not None else None)
-            headers = self._http_headers()
+            headers = now.headers
         # One loop, no closures: the call is held while it is out, and so is all it made.
         attempts = 0
         try:
@@ -492,10 +579,10 @@ class AsyncLLM(_Base):
                 started = time.perf_counter()
                 try:
                     if wire is not None:
-                        response = await tool.post_direct(wire, self._url, self._wire_headers, content, self.timeout,
-                                                          gate=gate, head=self._wire_head)
+                        response = await tool.post_direct(wire, now.url, now.wire_headers, content, self.timeout,
+                                                          gate=gate, head=now.wire_head)
                     else:
-                        response = await tool.post(self._url, json=body, headers=headers, timeout=self.timeout)
+                        response = await tool.post(now.url, json=body, headers=headers, timeout=self.timeout)
                 except RetryableToolError as exc:
                     failures.append(self._failure(exc, started))
                     wait = self._next_wait(exc, attempts)
@@ -504,23 +591,23 @@ class AsyncLLM(_Base):
                     failures[-1]["waited"] = round(wait, 3)
                     await self._sleep(wait)
                     continue
-                return self._shape(response, failures, (time.perf_counter() - started) * 1000, tool.redactor)
+                return self._shape(response, failures, (time.perf_counter() - started) * 1000, tool.redactor, now)
         except (RetryableToolError, PermanentToolError) as exc:
-            raise self._explain(exc, attempts) from None
+            raise self._explain(exc, attempts, now) from None
 
-    def _direct_tool(self, box: Any, client: httpx.AsyncClient, step_tools: Any) -> AsyncHttpTool:
+    def _direct_tool(self, box: Any, client: httpx.AsyncClient, step_tools: Any, now: _Endpoint) -> AsyncHttpTool:
         """The tool direct calls through ``box`` (None: outside an Orchestrator) map their errors
-        with: made once, since a call hands it its own breaker gate."""
+        with: made once per endpoint, since a call hands it its own breaker gate."""
         key = box if box is not None else self
-        tool = self._direct.get(key)
-        if tool is None:
+        made = self._direct.get(key)
+        if made is None or made[0] is not now:
             with self._direct_lock:
-                tool = self._direct.get(key)
-                if tool is None:
-                    tool = self._direct[key] = AsyncHttpTool(
+                made = self._direct.get(key)
+                if made is None or made[0] is not now:
+                    made = self._direct[key] = (now, AsyncHttpTool(
                         client=client, redactor=step_tools.redactor if step_tools else Redactor(),
-                        breaker_name=self._breaker_name() or "llm", secrets=self._secrets)
-        return tool
+                        breaker_name=self._breaker_name(now) or "llm", secrets=now.secrets))
+        return made[1]
 
 
 def _default_config(name: str) -> BreakerConfig:

@@ -33,8 +33,8 @@ from workflows import END, Retry, Workflow
 __all__ = ["agent", "DEFAULT_INPUT", "VENUES"]
 
 agent = Workflow("research-agent", version="1", description="plan, research with tools, approve, book, answer")
-# Base URL and key come from OPENAI_BASE_URL and OPENAI_API_KEY when this module is imported: the
-# demo points them at its scripted model server before it imports the agent.
+# Base URL and key come from OPENAI_BASE_URL and OPENAI_API_KEY when a call is made; the demo
+# points them at its scripted model server (the model is read here, when this module is imported).
 llm = LLM(model=os.environ.get("OPENAI_MODEL") or "gpt-4o-mini")
 
 DEFAULT_INPUT = {"request": "a workshop day for our team", "city": "Lisbon", "attendees": 40}

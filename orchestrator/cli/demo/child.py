@@ -28,8 +28,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--kill-in", default="research", help="the step whose first journaled model call is fatal")
     args = parser.parse_args(argv)
 
-    # Imported here, after the environment the parent set up is in place: the agent's module-level
-    # LLM reads OPENAI_BASE_URL and OPENAI_API_KEY when it is imported.
+    # Imported here, after the environment the parent set up is in place: the agent's module reads
+    # OPENAI_MODEL when it is imported (its LLM reads the base URL and key at each call).
     from orchestrator import Orchestrator
     from orchestrator.cli.demo.agent import agent
 
