@@ -13,6 +13,7 @@
      ├── LoopLimitError          a step would run more often than its max_visits bound
      │    └── ToolLoopLimitError the model kept calling tools for max_iterations calls without answering
      ├── RunStateError           the run's status does not allow the operation (e.g. cancel a finished run)
+     ├── JournalDamagedError     a run's journal cannot be folded (names the run and the event's seq)
      ├── SavepointError          a savepoint file cannot be written, read or trusted (names the first bad link)
      ├── RunFailedError          raised by ``RunResult.raise_for_status()`` for a run that did not complete
      ├── InDoubtError            an effect may or may not have happened and can be neither checked nor re-sent
@@ -44,6 +45,7 @@ __all__ = [
     "ToolLoopLimitError",
     "PromptError",
     "RunStateError",
+    "JournalDamagedError",
     "SavepointError",
     "RunFailedError",
     "InDoubtError",
@@ -190,7 +192,17 @@ class CircuitOpenError(ToolError):
 
 
 class WaitTimeoutError(OrchestratorError, TimeoutError):
-    """``ctx.wait_for``'s timeout passed before the signal arrived."""
+    """``ctx.wait_for(name, timeout=...)``'s timeout passed before the signal arrived. Raised in the
+    step when it runs again after the timeout: catch it there to go on without the signal (the
+    step completes), or let it fail the step (its ``Retry`` and failure route apply, as to any
+    error). ``step``, ``signal`` and ``timeout_at`` (epoch seconds) say which wait it was."""
+
+    def __init__(self, message: str, *, step: str | None = None, signal: str | None = None,
+                 timeout_at: float | None = None) -> None:
+        self.step = step
+        self.signal = signal
+        self.timeout_at = timeout_at
+        super().__init__(message)
 
 
 class CallChangedError(OrchestratorError):

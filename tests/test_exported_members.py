@@ -103,3 +103,29 @@ def test_the_root_does_not_pull_in_the_agent_layer_or_the_report():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     # Then none of the agent layer, the HTTP client, the templating, the workers or the CLI was loaded
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_error_a_program_imports_from_orchestrator_is_documented():
+    # Given the errors the root package exports (what `from orchestrator import ...` offers)
+    import orchestrator
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
+    errors = [n for n in orchestrator.__all__
+              if isinstance(getattr(orchestrator, n), type) and issubclass(getattr(orchestrator, n), BaseException)]
+    # Then each is named in the documentation, where a user looking up what a step may catch finds it
+    assert errors and [n for n in errors if f"{n}" not in docs] == []
+
+
+def test_orchestrator_errors_exports_every_error_it_defines():
+    # Given the engine's error module
+    import inspect
+
+    import orchestrator.errors as errors
+
+    defined = {name for name, value in vars(errors).items()
+               if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == errors.__name__}
+    # Then its __all__ is exactly the errors it defines, and its docstring's tree draws each of them
+    assert set(errors.__all__) == defined
+    assert [name for name in defined if f" {name} " not in errors.__doc__] == []

@@ -41,6 +41,7 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator.engine.context import CALL_SCOPE, CallScope
@@ -352,7 +353,13 @@ class DurableExecution:
         waiting = folded.waits.get(key)
         timeout_at = waiting["timeout_at"] if waiting else (now + timeout if timeout is not None else None)
         if timeout_at is not None and now >= timeout_at:
-            raise WaitTimeoutError(f"step {self.step!r} waited for signal {name!r} until its timeout")
+            try:
+                at = datetime.fromtimestamp(timeout_at, timezone.utc).isoformat(timespec="seconds")
+            except (OverflowError, ValueError, OSError):  # a clock or timeout beyond the calendar's years
+                at = f"epoch {timeout_at:g}"
+            raise WaitTimeoutError(f"step {self.step!r} waited for signal {name!r} until its timeout ({at}) "
+                                   "passed; catch WaitTimeoutError in the step to go on without it",
+                                   step=self.step, signal=name, timeout_at=timeout_at)
         raise Suspend(EventKind.WAIT_STARTED, {"step": self.step, "tick": self.tick, "name": name,
                                                  "timeout_at": timeout_at},
                       FOREVER if timeout_at is None else timeout_at)

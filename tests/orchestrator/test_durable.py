@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from freezegun import freeze_time
 
-from orchestrator import Orchestrator, RunStateError
+from orchestrator import Orchestrator, RunStateError, WaitTimeoutError
 from workflows import END, Workflow
 
 
@@ -154,6 +154,63 @@ def test_a_wait_times_out_and_takes_the_failure_route(db_url):
         now[0] += 2
         [result] = orc.recover()
     assert result.status == "completed" and result.state == {"approved": False, "by": "timeout"}
+
+
+def test_a_step_catches_wait_timeout_error_and_completes_without_the_signal(db_url):
+    # Given a step that waits an hour for approval and, as the docs show, catches the timeout
+    wf = Workflow("approve-or-not")
+
+    @wf.step(start=True)
+    def ask(ctx, state):
+        try:
+            decision = ctx.wait_for("approval", timeout=3600)
+        except WaitTimeoutError as timed_out:
+            return {"approved": False, "signal": timed_out.signal, "step": timed_out.step,
+                    "timeout_at": timed_out.timeout_at, "is_timeout": isinstance(timed_out, TimeoutError)}
+        return {"approved": decision["ok"]}
+
+    wf.edge("ask", END)
+    now = [10_000.0]
+    with Orchestrator(db_url, workflows=[wf], clock=lambda: now[0]) as orc:
+        assert orc.run(wf, {}, run_id="w5").status == "waiting"
+        # When the hour passes without a signal and the run is recovered
+        now[0] += 3601
+        [result] = orc.recover()
+        history = orc.history("w5")
+    # Then the step completed with what it returned from the except clause; the error named the wait
+    assert result.status == "completed"
+    assert result.state == {"approved": False, "signal": "approval", "step": "ask", "timeout_at": 13_600.0,
+                            "is_timeout": True}
+    # And the journal reads: the wait with its deadline, the resume, the step's update, the end
+    assert [e["kind"] for e in history] == ["RunStarted", "WaitStarted", "Resumed", "StepCompleted", "RunCompleted"]
+    assert history[1]["data"]["timeout_at"] == 13_600.0
+    assert history[3]["data"]["update"]["approved"] is False
+
+
+def test_an_uncaught_wait_timeout_fails_the_step_with_a_message_naming_the_wait(db_url):
+    # Given a step that waits with a timeout and does not catch it, without a failure route
+    wf = Workflow("approve-strict")
+
+    @wf.step(start=True)
+    def ask(ctx, state):
+        return {"decision": ctx.wait_for("approval", timeout=60)}
+
+    wf.edge("ask", END)
+    now = [1_800_000_000.0]
+    with Orchestrator(db_url, workflows=[wf], clock=lambda: now[0]) as orc:
+        orc.run(wf, {}, run_id="w6")
+        # When the deadline passes
+        now[0] += 61
+        [result] = orc.recover()
+        history = orc.history("w6")
+    # Then the run failed at that step, and the journal's error names the step, the signal and the deadline
+    assert result.status == "failed"
+    [failed] = [e["data"] for e in history if e["kind"] == "StepFailed"]
+    assert failed["error"]["type"] == "orchestrator.errors.WaitTimeoutError"
+    assert failed["error"]["message"] == (
+        "step 'ask' waited for signal 'approval' until its timeout (2027-01-15T08:01:00+00:00) passed; "
+        "catch WaitTimeoutError in the step to go on without it")
+    assert history[-1]["kind"] == "RunFailed"
 
 
 def test_durable_sleep_survives_a_restart_with_frozen_time(db_url):
