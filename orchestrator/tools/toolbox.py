@@ -56,6 +56,28 @@ class ToolBox:
         self._client: Any = None
         self._aclients: Any = None  # orchestrator.tools.clients.LoopClients, made on first use
         self._lock = threading.Lock()
+        #: whether ``warm()`` ran (the engine asks before each timed attempt: a plain read)
+        self.warmed = False
+
+    def warm(self) -> None:
+        """Make what a step's first HTTP call would otherwise make, once per ToolBox: import httpx and
+        the HTTP tool, build the process's SSL context (loading the CA bundle) and the shared sync
+        client. Blocking: the engine runs it on a thread before it starts the timer of an attempt of
+        a step with a timeout, so an attempt is never charged for it (on a loaded machine it has
+        taken longer than a step's timeout). An async client is bound to its event loop and is
+        made there on first use; with the SSL context made, that costs a fraction of a millisecond.
+
+        A failure here is left to the step's own first call, which meets it again and journals it."""
+        if self.warmed:
+            return
+        try:
+            import orchestrator.tools.http  # noqa: F401 (httpx, the wire transport, the tool itself)
+            from orchestrator.tools.clients import ssl_context
+
+            ssl_context()
+            self.client  # noqa: B018 (built under the lock, shared by the sync steps)
+        finally:
+            self.warmed = True
 
     @property
     def client(self) -> Any:
@@ -95,6 +117,7 @@ class ToolBox:
         with self._lock:
             client, self._client = self._client, None
             aclients, self._aclients = self._aclients, None
+            self.warmed = False  # (a later call makes a new client)
         if client is not None:
             client.close()
         if aclients is not None:
