@@ -178,6 +178,17 @@ class StepTools:
             self.on_key()
         return self.key if position == 0 else f"{self.key}:{position}"
 
+    def _keep(self, record: dict[str, Any]) -> None:
+        """Keep a request's record for the attempt's journal event. A request made as a durable call
+        (``ctx.http`` in a step) is journaled as that call too (``CallCompleted``/``CallFailed``): its
+        record carries the call's position (``index``), so a reader pairs the two and shows the
+        request once (``orchestrator.audit.summary``)."""
+        if self.durable is not None:
+            position = call_position(self.durable)
+            if position is not None:
+                record["index"] = position
+        self.calls.append(record)
+
     def _options(self, is_async: bool) -> dict[str, Any]:
         box = self.box
         # ctx.ahttp: breaker reads off the event loop, shared by the requests in flight
@@ -186,7 +197,7 @@ class StepTools:
         if box.call_limits is not None:  # hold one of the tool's slots from before the call to after it
             hooks = box.call_limits.wrap(hooks, is_async=is_async)
         return {
-            "journal": self.calls.append,
+            "journal": self._keep,
             "idempotency_key": self._next_key,
             "breaker": hooks,
             "redactor": box.redactor,
