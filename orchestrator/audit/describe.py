@@ -72,6 +72,8 @@ def headline(kind: str, data: dict[str, Any]) -> str:
         if isinstance(doubt, dict):  # first, before a long headline is cut: its effect may stand
             then = f"IN DOUBT (key {doubt.get('key')}); {then}"
         return f"{where}) failed; {then}"
+    if kind == "KeyIssued":
+        return f"{where}) its idempotency key left the process (read, or sent with a request)"
     if kind == "StepCancelled":
         if not data.get("called"):
             how = "before its function ran: nothing left the process"

@@ -31,8 +31,10 @@ __all__ = ["Execution", "RunSummary", "summarise", "decode_events"]
 Event = tuple[int, str, float, dict[str, Any]]  # (seq, kind, at, data)
 _STEP_KINDS = (EventKind.STEP_STARTED, EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)
 # A durable call made inside a step (orchestrator.engine.durable): an LLM or tool call with its request and
-# response. Named by its string so that reading old or new journals never depends on that module.
+# response, or the error it raised. Named by their strings so that reading old or new journals never
+# depends on that module.
 _CALL_COMPLETED = "CallCompleted"
+_CALL_FAILED = "CallFailed"
 
 
 @dataclass(slots=True)
@@ -58,9 +60,16 @@ class Execution:
     route: str | None = None  #: the failure route taken, if any
     trace: list[Any] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)  #: failed attempts, oldest first
-    calls: list[Any] = field(default_factory=list)  #: LLM / tool call records the step journaled
-    #: other events of this execution (waits, signals, timers...): {"seq", "at", "kind", "data"}
+    #: every call the step journaled, once each, with its ``outcome`` (``completed`` or ``failed``):
+    #: its durable calls (``CallCompleted``, ``CallFailed``: model, tool and HTTP calls) and the HTTP
+    #: requests its attempts recorded that were no durable call. An HTTP request made as a durable call
+    #: is that call's entry, with the request's own record (status, headers, bodies, key) under ``http``.
+    calls: list[Any] = field(default_factory=list)
+    #: other events of this execution (waits, signals, timers, a cancellation...): {"seq", "at", "kind", "data"}
     extra: list[dict[str, Any]] = field(default_factory=list)
+    #: when an attempt's idempotency key left the process (``KeyIssued``: read, or sent with a request;
+    #: a re-send with it is recognised by the service): {"seq", "at", "attempt"}
+    key_issued: list[dict[str, Any]] = field(default_factory=list)
     effect: bool = False
     key: str | None = None
     compensable: bool | None = None
@@ -189,6 +198,9 @@ class _Builder:
         self.others: list[dict[str, Any]] = []
         self.edges: Counter[tuple[str, str]] = Counter()
         self.started: dict[str, Any] = {}
+        #: per step, the HTTP durable calls journaled since its latest step event (the attempt running):
+        #: the requests its next step event records are paired with them
+        self.attempt_calls: dict[str, list[dict[str, Any]]] = {}
         self.states: dict[int, str] = {}
         self.count = 0
         self.first_at: float | None = None
@@ -229,11 +241,16 @@ class _Builder:
         elif "breaker" in kind.lower() or "circuit" in kind.lower():
             self.breakers.append({"seq": seq, "at": at, "kind": kind, "step": data.get("step"),
                                   "message": data.get("message") or _brief(data)})
-        elif isinstance(data.get("step"), str):  # journaled inside a step: calls, waits, timers, ...
+        elif isinstance(data.get("step"), str):  # journaled inside a step: calls, keys, waits, timers, ...
             x = self.execution(data["step"], seq, at, data, tick, epoch)
             x.seq = seq
-            if kind == _CALL_COMPLETED:
-                x.calls.append(_call_record(seq, at, data))
+            if kind in (_CALL_COMPLETED, _CALL_FAILED):
+                call = _call_record(seq, at, data, failed=kind == _CALL_FAILED)
+                x.calls.append(call)
+                if call["type"] == "http":
+                    self.attempt_calls.setdefault(data["step"], []).append(call)
+            elif kind == EventKind.KEY_ISSUED:
+                x.key_issued.append({"seq": seq, "at": at, "attempt": data.get("attempt")})
             else:
                 x.extra.append({"seq": seq, "at": at, "kind": kind, "data": data})
         else:
@@ -284,9 +301,12 @@ class _Builder:
                 self.breakers.append({"seq": seq, "at": at, "kind": "BreakerTransition", "step": step,
                                       "message": f"{t.get('breaker')}: {t.get('from')} -> {t.get('to')}"
                                                  + (f" ({t['reason']})" if t.get("reason") else "")})
+        pending = self.attempt_calls.pop(step, [])
         if kind == EventKind.STEP_STARTED:
             x.effect = x.effect or bool(data.get("key"))
             return
+        requests = [r for name in ("calls", "http") if isinstance(data.get(name), list) for r in data[name]]
+        _pair_requests(x, requests, pending, seq, at)
         if kind == EventKind.STEP_FAILED:
             failure = {"seq": seq, "at": at, "attempt": data.get("attempt"), "error": data.get("error") or {},
                        "retry_in": data.get("retry_in"), "final": bool(data.get("final"))}
@@ -319,11 +339,7 @@ class _Builder:
             x.ms = data.get("ms")
             x.trace = list(data.get("trace") or [])
             x.reconciled = data.get("reconciled")
-            for name in ("calls", "http"):
-                found = data.get(name)
-                if isinstance(found, list):
-                    x.calls.extend(found)
-            for call in x.calls:
+            for call in requests:
                 if isinstance(call, dict) and call.get("sent") is False and _is_breaker(call.get("error") or {}):
                     self.breakers.append({"seq": seq, "at": at, "kind": "CircuitOpen", "step": step,
                                           "message": (call.get("error") or {}).get("message")})
@@ -350,6 +366,7 @@ class _Builder:
         x.seq = seq
         x.attempts = max(x.attempts, int(data.get("attempt") or 1))
         x.extra.append({"seq": seq, "at": at, "kind": EventKind.STEP_CANCELLED, "data": data})
+        self.attempt_calls.pop(step, None)  # the attempt ended: its requests were not recorded
         if data.get("called") and x.effect:
             return
         x.outcome = "cancelled"
@@ -475,19 +492,68 @@ class _Builder:
         return None
 
 
-def _call_record(seq: int, at: float, data: Mapping[str, Any]) -> dict[str, Any]:
+def _call_record(seq: int, at: float, data: Mapping[str, Any], *, failed: bool = False) -> dict[str, Any]:
     """A durable call as the report's call table reads it: its kind as the type, a name from its
-    request when it has one (a model, a tool, a URL) and, for a call made inside another one
+    request when it has one (a model, a tool, a URL), its ``outcome`` (``completed``, or ``failed``
+    with the ``error`` it raised), an HTTP call's ``status`` and, for a call made inside another one
     (position ``"1.0"``), ``inside`` (that call's position) and ``depth`` (how deep it is)."""
     request = data.get("request")
     name = ""
     if isinstance(request, dict):
         name = next((str(request[k]) for k in ("model", "tool", "name", "url") if request.get(k)), "")
-    record = {k: v for k, v in data.items() if k not in ("step", "tick", "kind", "inside", "depth")}
+    record = {k: v for k, v in data.items() if k not in ("step", "tick", "kind", "inside", "depth", "outcome")}
     position = str(data.get("index"))
     if "." in position:
         record.update(inside=position.rsplit(".", 1)[0], depth=position.count("."))
-    return {"type": data.get("kind") or "call", "name": name, "seq": seq, "at": at, **record}
+    kind = data.get("kind") or "call"
+    call = {"type": kind, "name": name, "seq": seq, "at": at, **record, "outcome": "failed" if failed else "completed"}
+    if kind == "http" and "status" not in call:
+        answer = data.get("error") if failed else data.get("response")
+        if isinstance(answer, dict) and isinstance(answer.get("status"), int):
+            call["status"] = answer["status"]
+    return call
+
+
+def _pair_requests(x: Execution, requests: list[Any], pending: list[dict[str, Any]], seq: int, at: float) -> None:
+    """Add the HTTP requests an attempt recorded (a step event's ``calls``) to ``x.calls``, once each.
+
+    A request made as a durable call (``ctx.http`` in a step) is journaled twice: as that call
+    (``CallCompleted``/``CallFailed``, in ``pending``: this attempt's, not yet paired) and in the
+    attempt's records. It is paired with its call, and its record goes under the call's ``http``:
+    by the call's position where the record has one (``index``), else (journals written before
+    records carried it) with the attempt's first unpaired call of the same method and URL, in order.
+    A request that was no durable call (an effect tool's own request, say) is an entry of its own,
+    at the step event that recorded it."""
+    free = list(pending)
+    for record in requests:
+        if not isinstance(record, dict):
+            x.calls.append(record)  # not a record this code knows: shown as it is
+            continue
+        match = None
+        if "index" in record:
+            match = next((c for c in free if str(c.get("index")) == str(record["index"])), None)
+        else:
+            match = next((c for c in free if _same_request(c, record)), None)
+        if match is not None:
+            free.remove(match)
+            match["http"] = record
+            if record.get("status") is not None:
+                match["status"] = record["status"]
+            continue
+        error = record.get("error")
+        x.calls.append({"seq": seq, "at": at, **record, "type": record.get("type") or "http",
+                        "outcome": "failed" if error else "completed"})
+
+
+def _same_request(call: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+    """Whether an HTTP durable call's request and a request's record are of one method and URL (the
+    record's URL carries the query the call's ``params`` added)."""
+    request = call.get("request")
+    if not isinstance(request, dict):
+        return False
+    if str(request.get("method") or "").upper() != str(record.get("method") or "").upper():
+        return False
+    return str(request.get("url") or "").split("?", 1)[0] == str(record.get("url") or "").split("?", 1)[0]
 
 
 def _is_breaker(error: Mapping[str, Any]) -> bool:

@@ -84,16 +84,32 @@ def _ms(value: float | None) -> str:
 
 
 def _by_position(calls: list[Any]) -> list[dict[str, Any]]:
-    """An execution's journaled durable calls ordered by position (``1``, ``1.0``, ``1.1``, ``2``);
-    a position the journal repeats (a replaced call) keeps its journal order, and one that is not a
-    position at all (a damaged event) goes last rather than failing the read."""
+    """An execution's journaled calls: its durable calls ordered by position (``1``, ``1.0``, ``1.1``,
+    ``2``), then the HTTP requests that were no durable call, in journal order. A position the
+    journal repeats (a replaced call, a call that failed and was made again) keeps its journal
+    order, and one that is not a position at all (a damaged event) goes last rather than failing
+    the read."""
     def order(call: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+        if "index" not in call:
+            return 2, ()
         try:
             return 0, position_parts(call["index"])
         except (TypeError, ValueError):
             return 1, ()
 
-    return sorted((c for c in calls if isinstance(c, dict) and "seq" in c and "index" in c), key=order)
+    return sorted((c for c in calls if isinstance(c, dict) and "seq" in c), key=order)
+
+
+def call_outcome(call: dict[str, Any], width: int = 90) -> str:
+    """A call's outcome in a few words: ``ok`` (with an HTTP status), or ``failed`` and its error."""
+    status = call.get("status")
+    status_text = f" {status}" if isinstance(status, int) else ""
+    if call.get("outcome") != "failed":
+        return f"ok{status_text}"
+    error = call.get("error") if isinstance(call.get("error"), dict) else {}
+    kind = str(error.get("type") or "error").rsplit(".", 1)[-1]
+    text = f"failed{status_text}: {kind}: {error.get('message') or ''}".rstrip(": ")
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 # -- show ------------------------------------------------------------------------------------------
@@ -151,11 +167,12 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
         # The durable calls (model requests, tool calls, HTTP) journaled by the executions shown, each
         # execution's in the order of their positions: a call made inside another one ("1.0", a
         # model call of a tool) right under it, indented, although it was journaled before it.
-        out += ["", f"CALLS ({len(calls)} journaled)"]
-        rows = [[c["seq"], x.step, "  " * int(c.get("depth") or 0) + str(c["index"]), c.get("type") or "call",
-                 c.get("name") or "", _ms(c.get("ms")),
-                 ", ".join(flag for flag in ("effect", "replaced", "replayed") if c.get(flag))] for x, c in calls]
-        out.append(table(["SEQ", "STEP", "#", "KIND", "NAME", "MS", ""], rows))
+        failed = sum(1 for _, c in calls if c.get("outcome") == "failed")
+        out += ["", f"CALLS ({len(calls)} journaled{f', {failed} failed' if failed else ''})"]
+        rows = [[c["seq"], x.step, "  " * int(c.get("depth") or 0) + str(c.get("index", "-")),
+                 c.get("type") or "call", c.get("name") or c.get("url") or "", _ms(c.get("ms")), call_outcome(c),
+                 ", ".join(_call_flags(c))] for x, c in calls]
+        out.append(table(["SEQ", "STEP", "#", "KIND", "NAME", "MS", "OUTCOME", ""], rows))
     if s.effects:
         out += ["", "EFFECTS AND COMPENSATIONS"]
         rows = [[e["seq"], e["step"], e["key"], effect_status(e), e["attempts"], e["undone_seq"] or "-"]
@@ -181,6 +198,15 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
         out += ["", f"STATE ({safe(s.state_source)})", clip(codec.dumps(s.state), 2000)]
     out.extend(f"note: {safe(n)}" for n in s.notes)
     return out
+
+
+def _call_flags(call: dict[str, Any]) -> list[str]:
+    flags = [flag for flag in ("effect", "replaced", "replayed") if call.get(flag)]
+    if "index" not in call:
+        flags.append("not durable")  # a request outside the step's durable calls: made again on a re-run
+    if call.get("sent") is False:
+        flags.append("not sent")
+    return flags
 
 
 def _cause_line(f: dict[str, Any]) -> str:

@@ -48,6 +48,16 @@ class StepTools(Protocol):
 class ToolsForSteps(Protocol):
     """Makes each step attempt's tools; closed with the Orchestrator."""
 
+    #: whether ``warm()`` has run (then a step's first call makes nothing the process shares)
+    warmed: bool
+
+    def warm(self) -> None:
+        """Make now what the first call of any step would otherwise make, once: the shared clients
+        (importing the HTTP library, loading the CA bundle into the SSL context). Blocking, and safe
+        to call from several threads at once; the engine calls it off the event loop before the timer
+        of an attempt of a step with a timeout, so that one-time cost is never charged to an attempt."""
+        ...
+
     def for_step(self, *, key: str | None, attempt: int, durable: DurableCalls | None,
                  on_key: Callable[[], None] | None = None,
                  before_send: Callable[[], None] | None = None) -> StepTools:

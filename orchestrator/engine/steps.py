@@ -404,6 +404,19 @@ class StepRunner:
             return
         raise GaveUp(name, error, data)
 
+    async def warm_tools(self) -> None:
+        """Have the steps' tools make what they share (``ToolsForSteps.warm``) before the timer of an
+        attempt starts: once per Orchestrator, on a thread (it imports and builds clients, blocking),
+        a plain read afterwards. A failure is left to the step's own first call, which journals it."""
+        tools = self.tools
+        if tools is None or getattr(tools, "warmed", True):
+            return  # made already, or tools that make nothing ahead
+        try:
+            await asyncio.to_thread(tools.warm)
+        except Exception as exc:  # noqa: BLE001 (the step's first call meets it again, and journals it)
+            _log.debug("making the steps' shared tools ahead of a timed attempt failed: %s: %s",
+                       type(exc).__name__, exc)
+
     def _key_issuer(self, run: ActiveRun, name: str, tick: int, attempt: int) -> Callable[[], None]:
         """Journals ``KeyIssued`` once for the attempt, before its key first leaves the process."""
         issued = threading.Event()
@@ -513,6 +526,10 @@ class _Execution:
             # The previous attempt timed out with its effect in doubt: settle it before another.
             if await runner.reconcile(run, name, self.key):
                 raise _Settled
+        if step.timeout is not None:
+            # What the process makes once for every step's first call (the shared HTTP clients) is
+            # made before this attempt's timer starts: it is not the attempt's time to spend.
+            await runner.warm_tools()
         if cancelling() > self.cancels:
             raise asyncio.CancelledError  # asked for while the run was between awaits: nothing begins
         self.attempt += 1

@@ -56,6 +56,28 @@ class ToolBox:
         self._client: Any = None
         self._aclients: Any = None  # orchestrator.tools.clients.LoopClients, made on first use
         self._lock = threading.Lock()
+        #: whether ``warm()`` ran (the engine asks before each timed attempt: a plain read)
+        self.warmed = False
+
+    def warm(self) -> None:
+        """Make what a step's first HTTP call would otherwise make, once per ToolBox: import httpx and
+        the HTTP tool, build the process's SSL context (loading the CA bundle) and the shared sync
+        client. Blocking: the engine runs it on a thread before it starts the timer of an attempt of
+        a step with a timeout, so an attempt is never charged for it (on a loaded machine it has
+        taken longer than a step's timeout). An async client is bound to its event loop and is
+        made there on first use; with the SSL context made, that costs a fraction of a millisecond.
+
+        A failure here is left to the step's own first call, which meets it again and journals it."""
+        if self.warmed:
+            return
+        try:
+            import orchestrator.tools.http  # noqa: F401 (httpx, the wire transport, the tool itself)
+            from orchestrator.tools.clients import ssl_context
+
+            ssl_context()
+            self.client  # noqa: B018 (built under the lock, shared by the sync steps)
+        finally:
+            self.warmed = True
 
     @property
     def client(self) -> Any:
@@ -95,6 +117,7 @@ class ToolBox:
         with self._lock:
             client, self._client = self._client, None
             aclients, self._aclients = self._aclients, None
+            self.warmed = False  # (a later call makes a new client)
         if client is not None:
             client.close()
         if aclients is not None:
@@ -155,6 +178,17 @@ class StepTools:
             self.on_key()
         return self.key if position == 0 else f"{self.key}:{position}"
 
+    def _keep(self, record: dict[str, Any]) -> None:
+        """Keep a request's record for the attempt's journal event. A request made as a durable call
+        (``ctx.http`` in a step) is journaled as that call too (``CallCompleted``/``CallFailed``): its
+        record carries the call's position (``index``), so a reader pairs the two and shows the
+        request once (``orchestrator.audit.summary``)."""
+        if self.durable is not None:
+            position = call_position(self.durable)
+            if position is not None:
+                record["index"] = position
+        self.calls.append(record)
+
     def _options(self, is_async: bool) -> dict[str, Any]:
         box = self.box
         # ctx.ahttp: breaker reads off the event loop, shared by the requests in flight
@@ -163,7 +197,7 @@ class StepTools:
         if box.call_limits is not None:  # hold one of the tool's slots from before the call to after it
             hooks = box.call_limits.wrap(hooks, is_async=is_async)
         return {
-            "journal": self.calls.append,
+            "journal": self._keep,
             "idempotency_key": self._next_key,
             "breaker": hooks,
             "redactor": box.redactor,
