@@ -48,6 +48,7 @@ from orchestrator.engine.context import CALL_SCOPE, CallScope
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.journal import ActiveRun, Encoded, JournalWriter
 from orchestrator.engine.names import name_problem, shown
+from orchestrator.engine.services import NotJournaled
 from orchestrator.errors import (
     CallChangedError,
     CallFailedError,
@@ -289,6 +290,8 @@ class DurableExecution:
         scope = CALL_SCOPE.set(CallScope(self, position, replacing))
         try:
             response = perform()
+        except NotJournaled:
+            raise  # made, and handed back live: nothing to journal (made again if the step runs again)
         except Exception as exc:
             self._record_failure(kind, position, text, exc, (time.perf_counter() - started) * 1000)
             raise
@@ -315,6 +318,8 @@ class DurableExecution:
             response = perform()
             if inspect.isawaitable(response):
                 response = await response
+        except NotJournaled:
+            raise  # made, and handed back live: nothing to journal (made again if the step runs again)
         except Exception as exc:
             self._record_failure(kind, position, text, exc, (time.perf_counter() - started) * 1000)
             raise

@@ -11,7 +11,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-__all__ = ["StepTools", "ToolsForSteps", "DurableCalls"]
+__all__ = ["StepTools", "ToolsForSteps", "DurableCalls", "NotJournaled"]
+
+
+class NotJournaled(Exception):  # noqa: N818 (an outcome, not an error)
+    """Raised by a durable call's ``perform`` to hand its outcome (``value``) back to its caller
+    without journaling it: the call succeeded, but what it returned is not to be kept (an HTTP
+    response larger than the journal keeps). The call journals nothing, neither its completion nor
+    a failure, so when the step runs again the call is made again at the same position (an HTTP
+    request with the same idempotency key), and the calls after it keep their numbers."""
+
+    def __init__(self, value: Any, why: str) -> None:
+        self.value = value
+        super().__init__(why)
 
 
 class DurableCalls(Protocol):

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from orchestrator.engine.services import NotJournaled
 from orchestrator.payload.redact import MIN_SCRUB, Redactor
 from orchestrator.tools.clients import DEFAULT_TIMEOUT, client_options
 from orchestrator.errors import CircuitOpenError, PermanentToolError, RetryableToolError, ToolError
@@ -524,7 +525,8 @@ class DirectReply:
 # method, URL and body returns the journaled response instead of being sent again. Under replay the
 # responses come from the cassette. A failed request is not journaled as completed: running the
 # step again sends it again, with the same idempotency key. A response body larger than
-# ``MAX_DURABLE_BODY`` is returned live and not journaled as a durable call.
+# ``MAX_DURABLE_BODY`` is returned live and not journaled at all (``NotJournaled``): a step that runs
+# again sends that request again, with the same key, and the requests after it keep their numbers.
 #
 # Both the request key and the journaled response are redacted by the tool's redactor here (the
 # journal redacts them again, with the same rules): a query value or a URL's userinfo password in
@@ -558,12 +560,16 @@ def _request_key(method: str, url: Any, kwargs: dict[str, Any], breaker: str | N
     return key
 
 
-class _TooBig(Exception):
-    """Carries a response too large to journal whole out of ``perform``."""
+class _TooBig(NotJournaled):
+    """Carries a response too large to journal whole out of ``perform``: the step gets it live, the
+    journal holds no call for it, and a step that runs again sends the request again (same key)."""
 
     def __init__(self, response: httpx.Response) -> None:
-        self.response = response
-        super().__init__("response too large to journal")
+        super().__init__(response, "response too large to journal")
+
+    @property
+    def response(self) -> httpx.Response:
+        return self.value
 
 
 def _durable_record(response: httpx.Response, tool: _Base) -> dict[str, Any]:
