@@ -53,24 +53,35 @@ def service():
         server.server_close()
 
 
-def flow(base: str, *, effect: bool) -> Workflow:
+def flow(base: str, *, effect: bool, is_async: bool) -> Workflow:
     wf = Workflow("large-response")
+    options = {"start": True, "effect": effect, "resend": True if effect else None}
 
-    @wf.step(start=True, effect=effect, resend=True if effect else None)
-    def fetch(ctx, state):
-        size = len(ctx.http.get(f"{base}/big").text)
-        booking = ctx.http.post(f"{base}/book", json={"room": "A"}).json()["booking"]
-        go = ctx.wait_for("go")
-        return {"size": size, "booking": booking, "go": go}
+    if is_async:
+        @wf.step(**options)
+        async def fetch(ctx, state):
+            size = len((await ctx.ahttp.get(f"{base}/big")).text)
+            booking = (await ctx.ahttp.post(f"{base}/book", json={"room": "A"})).json()["booking"]
+            go = ctx.wait_for("go")
+            return {"size": size, "booking": booking, "go": go}
+    else:
+        @wf.step(**options)
+        def fetch(ctx, state):
+            size = len(ctx.http.get(f"{base}/big").text)
+            booking = ctx.http.post(f"{base}/book", json={"room": "A"}).json()["booking"]
+            go = ctx.wait_for("go")
+            return {"size": size, "booking": booking, "go": go}
 
     wf.edge("fetch", END)
     return wf
 
 
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("effect", [False, True], ids=["plain-step", "effect-step"])
-def test_a_response_too_large_to_journal_is_fetched_again_when_the_step_runs_again(orc_factory, service, effect):
+def test_a_response_too_large_to_journal_is_fetched_again_when_the_step_runs_again(orc_factory, service, effect,
+                                                                                   is_async):
     base, seen = service
-    wf = flow(base, effect=effect)
+    wf = flow(base, effect=effect, is_async=is_async)
     orc = orc_factory(wf)
     # Given a step that got a response over the journal's limit, then a small one, and now waits
     first = orc.run(wf, {}, run_id="big-1")
