@@ -27,8 +27,10 @@ def cancel(ctx, effect):
     ctx.http.delete(effect.result[effect.step])
 
 
+# resend=True: a booking reaches the service only through ctx.http, which sends the step's key, so
+# a process killed anywhere in the step (even before its request left) re-sends it safely on resume
 for kind in ("flight", "hotel", "car"):
-    trip.step(book, name=kind, compensate=cancel)
+    trip.step(book, name=kind, compensate=cancel, resend=True)
 trip.step(book, name="payment")
 
 if __name__ == "__main__":

@@ -35,22 +35,24 @@ def cancel(ctx, effect):
     ctx.http.delete(booking["href"])
 
 
-@trip.step(start=True, effect=True, compensate=cancel, retry=Retry(attempts=3, initial=0.2))
+# resend=True: each step reaches the service only through ctx.http, which sends the step's key with
+# every request, so after a crash anywhere in the step a re-send is recognised (docs/sagas.md)
+@trip.step(start=True, effect=True, compensate=cancel, resend=True, retry=Retry(attempts=3, initial=0.2))
 def book_flight(ctx, state):
     return book(ctx, state, "flight", {"to": state["city"]})
 
 
-@trip.step(effect=True, compensate=cancel, retry=Retry(attempts=3, initial=0.2))
+@trip.step(effect=True, compensate=cancel, resend=True, retry=Retry(attempts=3, initial=0.2))
 def book_hotel(ctx, state):
     return book(ctx, state, "hotel", {"city": state["city"], "nights": state["nights"]})
 
 
-@trip.step(effect=True, compensate=cancel, retry=Retry(attempts=3, initial=0.2))
+@trip.step(effect=True, compensate=cancel, resend=True, retry=Retry(attempts=3, initial=0.2))
 def book_car(ctx, state):
     return book(ctx, state, "car", {"city": state["city"]})
 
 
-@trip.step(effect=True, compensate=cancel)
+@trip.step(effect=True, compensate=cancel, resend=True)
 def pay(ctx, state):
     ctx.trace("charging the card for three bookings")
     return book(ctx, state, "payment", {"amount": 1200, "card": state["card"]})
