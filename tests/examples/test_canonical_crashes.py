@@ -4,7 +4,8 @@ For each program: a clean run counts its outgoing calls (model requests, booking
 payments); then, for every k, the program is started on a fresh database, the service holds its
 k-th call *after* serving it (the booking is made, the model's answer is computed and charged) and
 the test kills the program with SIGKILL while the answer is still on its way, then runs the same
-command again, as a user would. The services' own records are the ledger: each booking made at
+command again, as a user would. The booking saga is also killed with its k-th call held *before*
+the service acted on it, which then acts on it after the kill or drops it as lost. The services' own records are the ledger: each booking made at
 most once, compensations exactly once newest first, each model answer that was journaled never
 asked for again, the approval applied once. SQLite for every k; Postgres for a sample.
 """
@@ -50,14 +51,46 @@ class Hold:
             assert self.released.wait(HANG), "the held call was never released"
 
 
+class HoldBefore(Hold):
+    """Holds the k-th outgoing call when it arrives, *before* the service acts on it, until the
+    caller is dead; then the service acts on it all the same (``act``: the work was done after the
+    client died) or drops it (the request was lost on its way). ``finished`` is set once it has."""
+
+    def __init__(self, k: int, *, act: bool) -> None:
+        super().__init__(k)
+        self.act = act
+        self.finished = threading.Event()
+
+    def arrived(self) -> bool:
+        """Whether the service is to act on the call that just arrived (after holding it, if it is the k-th)."""
+        with self._lock:
+            self.calls += 1
+            hold = self.calls == self.k
+        if not hold:
+            return True
+        self.held.set()
+        assert self.released.wait(HANG), "the held call was never released"
+        return self.act
+
+
 class HoldingBookings(BookingService):
     def __init__(self, hold: Hold, **options: Any) -> None:
         super().__init__(**options)
         self.hold = hold
 
     def handle(self, method: str, path: str, body: Any, raw: bytes, key: str | None) -> tuple[int, Any]:
+        hold = self.hold
+        if isinstance(hold, HoldBefore):
+            held = hold.calls + 1 == hold.k
+            try:
+                if not hold.arrived():
+                    return 503, {"error": "lost on its way"}  # (nobody reads it: its caller is dead)
+                return super().handle(method, path, body, raw, key)
+            finally:
+                if held:
+                    hold.finished.set()
         answer = super().handle(method, path, body, raw, key)
-        self.hold.served()
+        hold.served()
         return answer
 
 
@@ -134,6 +167,35 @@ def test_booking_saga_survives_sigkill_at_every_call(db_url, tmp_path, program_e
     # And a call re-sent after the crash carried the key it was first sent with (the service replayed it)
     replays = [e for e in ledger if e["action"] == "replay"]
     assert len(replays) == (0 if k is None else 1)
+
+
+@pytest.mark.parametrize("act", [True, False], ids=["served-after-the-kill", "lost"])
+@pytest.mark.parametrize("k", range(1, SAGA_CALLS + 1), ids=lambda k: f"kill@{k}")
+def test_booking_saga_killed_while_its_call_was_unanswered_makes_each_booking_once(db_url, tmp_path, program_env,
+                                                                                   k, act):
+    hold = HoldBefore(k, act=act)
+    with bookings(hold, decline=True) as service:
+        env = program_env(BOOKING_API=service.url)
+        # Given the saga killed while the service held its k-th call, not yet acted on
+        _, killed = run_program("booking_saga.py", [], env, tmp_path, hold)
+        assert killed
+        # And the service then acted on it after all (or the request was lost)
+        assert hold.finished.wait(HANG), "the held call never finished"
+        # When the same command is run again
+        out, _ = run_program("booking_saga.py", [], env, tmp_path, hold)
+        ledger = service.ledger()
+    # Then the run ended compensated, each booking made once and cancelled once, newest first
+    assert out.strip() == "compensated", ledger
+    booked = [(e["kind"], e["id"]) for e in ledger if e["action"] == "book"]
+    assert booked == [("flight", "flight-1"), ("hotel", "hotel-1"), ("car", "car-1")]
+    assert [e["id"] for e in ledger if e["action"] == "cancel"] == ["car-1", "hotel-1", "flight-1"]
+    assert [e for e in ledger if e["action"] == "cancel_repeat"] == []
+    assert len([e for e in ledger if e["action"] == "payment_failed"]) == 1
+    # And the call re-sent on resume carried the key it was first sent with: the service answered it
+    # from what it had done, or did it for the first time when the first request was lost
+    replays = [e for e in ledger if e["action"] == "replay"]
+    assert len(replays) == (1 if act else 0)
+    assert hold.calls == SAGA_CALLS + 1
 
 
 # -- the tool loop: three model requests (two tool calls in between) ---------------------------------
