@@ -8,7 +8,8 @@ The model is a fake OpenAI-compatible server in a process of its own (``_model_s
 call waits 50 ms on 127.0.0.1 and answers about 1 KB. Every measurement runs in a fresh process
 (``_agents_child.py``) that starts N runs at once in one event loop and times them to the last:
 
-- ``floor``: the same N x 8 calls with no engine (asyncio tasks sharing one httpx client);
+- ``floor``: the same N x 8 calls with no engine (an asyncio task per run, each with one keep-alive
+  connection of its own: ``_agents_child.RawClient``);
 - ``plain``: an agentsaga workflow of 8 async steps, each making its call with a client it holds;
 - ``llm``: the same through the project's own ``AsyncLLM`` (each call a journaled durable call).
 
