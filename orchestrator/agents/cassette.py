@@ -147,7 +147,11 @@ class Cassette:
                           key=lambda held: (held[0], position_parts(held[1])))
             known = (", ".join(f"visit {v} call {i}" for v, i in held[:20]) if held
                      else "no calls for that step")
-            raise ReplayMissingError(f"replay: the cassette has no recording for {where}; it holds {known}")
+            # A ctx.http response over the journal's limit was handed to the step live and never
+            # journaled (docs/sagas.md), so a recording cannot hold it: say so where it may be why.
+            why = ("; an http call whose response was over 1 MiB when recorded is never journaled, so no "
+                   "cassette holds it" if kind == "http" else "")
+            raise ReplayMissingError(f"replay: the cassette has no recording for {where}; it holds {known}{why}")
         for entry in recorded:
             if entry["kind"] == kind and same_request(entry["request"], request):
                 return copy.deepcopy(entry["response"])

@@ -13,6 +13,8 @@ import threading
 
 import pytest
 
+from orchestrator import Orchestrator
+from orchestrator.agents import Cassette
 from orchestrator.tools.http import MAX_DURABLE_BODY
 from workflows import END, Workflow
 
@@ -99,3 +101,22 @@ def test_a_response_too_large_to_journal_is_fetched_again_when_the_step_runs_aga
     assert [m for m, _, _ in seen] == ["GET", "POST", "GET"]
     assert seen[2][2] == seen[0][2]
     assert not any(e["kind"] == "CallFailed" for e in orc.history("big-1"))
+
+
+def test_replaying_a_run_whose_response_was_too_large_names_the_limit(db_url, orc_factory, service):
+    base, seen = service
+    wf = flow(base, effect=False, is_async=False)
+    orc = orc_factory(wf)
+    # Given a run that got a response over the journal's limit (not journaled) and a small one
+    assert orc.run(wf, {}, run_id="big-rec").status == "waiting"
+    cassette = Cassette.from_run(orc, "big-rec")
+    assert [(c["index"], c["kind"]) for c in cassette.calls] == [(1, "http")]
+    served = len(seen)
+    # When the run is replayed from its cassette
+    with Orchestrator(db_url, workflows=[wf], replay=cassette) as replaying:
+        result = replaying.run(wf, {}, run_id="big-replay")
+    # Then the big request has no recording, and the error says why such a call never has one
+    assert result.status == "failed" and "ReplayMissingError" in result.error
+    assert "no recording for step 'fetch' (visit 0), http call 0" in result.error
+    assert "over 1 MiB when recorded is never journaled" in result.error
+    assert len(seen) == served  # a replay sends nothing
