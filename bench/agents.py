@@ -47,7 +47,8 @@ from _report import HERE, child_env, fmt_num, fmt_summary, machine, table, tail
 
 FULL = {"ns": [10, 100, 1000], "steps": 8, "reps": 3, "conversation": 1000, "startup_reps": 7}
 QUICK = {"ns": [10], "steps": 8, "reps": 1, "conversation": 40, "startup_reps": 1}
-TARGETS = {"plain_ratio_sqlite": 2.0, "plain_ratio_pg": 2.5, "llm_vs_plain": 1.3, "conversation_growth": 1.10}
+TARGETS = {"plain_ratio_sqlite": 2.0, "plain_ratio_pg": 2.5, "llm_vs_plain": 1.3, "conversation_growth": 1.10,
+           "takeover_over_lease": 0.5}
 OPS = ("floor", "plain", "llm")
 CHILD = os.path.join(HERE, "_agents_child.py")
 SERVER = os.path.join(HERE, "_model_server.py")
@@ -242,18 +243,23 @@ LEASE_TTL = 2.0  # seconds: the takeover measurement's lease, short so the measu
 
 def measure_takeover(bench: Bench, workdir: str) -> dict:
     """Seconds from SIGKILLing a worker process that holds 3 runs mid-step to an idle worker process
-    holding all three (each lease expires ``LEASE_TTL`` after its last renewal, renewed one by one)."""
+    holding all three (each lease expires ``LEASE_TTL`` after its last renewal, renewed one by one),
+    as many times as the plan's repetitions, each on a fresh database: the median, min and max (the
+    target is judged on the slowest)."""
     out: dict = {}
     for backend in bench.backends:
+        took: list[float] = []
         try:
-            out[backend] = _takeover_once(bench.db(backend), workdir, backend)
+            for rep in range(bench.plan["reps"]):
+                took.append(_takeover_once(bench.db(backend), workdir, f"{backend}-{rep}"))
+                print(f"  {backend}/takeover rep {rep + 1}: {took[-1]:.3f} s", file=sys.stderr, flush=True)
         except Exception as exc:  # noqa: BLE001 (recorded and shown)
             bench.errors[f"{backend}/takeover"] = str(exc)[:400]
-            out[backend] = None
+        out[backend] = {"lease": LEASE_TTL, "takeover": summary(took)} if took else None
     return out
 
 
-def _takeover_once(db: str, workdir: str, tag: str) -> dict:
+def _takeover_once(db: str, workdir: str, tag: str) -> float:
     sys.path.insert(0, HERE)
     from _agents_flows import held
 
@@ -289,13 +295,13 @@ def _takeover_once(db: str, workdir: str, tag: str) -> dict:
                  every=0.005)
             took = time.time() - t_kill
             open(gate, "w").close()
-            wait(lambda: orc.store.count_by_status() == {"completed": 3}, "the runs to complete")
+            wait(lambda: all(orc.get_run(r).status == "completed" for r in ids), "the runs to complete")
         finally:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
-    return {"lease": LEASE_TTL, "takeover": took}
+    return took
 
 
 def _read(path: str) -> str:
@@ -327,9 +333,9 @@ def report(plan: dict, bench: Bench, runs: dict, convo: dict, takeover: dict, st
         ratios[key] = {"plain_ratio": pr, "llm_ratio": lr, "llm_vs_plain": lp}
         rows.append([backend, n, fmt_summary(per.get("floor")), fmt_summary(per.get("plain")),
                      fmt_num(pr, 2), fmt_summary(per.get("llm")), fmt_num(lr, 2), fmt_num(lp, 2)])
-    print(f"{plan['steps']} steps per run, one 50 ms model call each; seconds to finish all N runs, "
-          f"median (min-max) of {plan['reps']}")
     if rows:
+        print(f"{plan['steps']} steps per run, one 50 ms model call each; seconds to finish all N runs, "
+              f"median (min-max) of {plan['reps']}")
         print(table(["backend", "N", "floor s", "plain s", "plain/floor", "AsyncLLM s", "llm/floor", "llm/plain"],
                     rows))
     crow = [[b, fmt_num(c["first_ms"]), fmt_num(c["last_ms"]), fmt_num(c["growth"], 2)]
@@ -338,9 +344,10 @@ def report(plan: dict, bench: Bench, runs: dict, convo: dict, takeover: dict, st
         print(f"\ngrowing conversation, one run of {plan['conversation']} steps (+~2 KB per step), ms per step")
         print(table(["backend", "first 100 ms", "last 100 ms", "last/first"], crow))
     if takeover:
-        print("\ntakeover after a worker SIGKILL, seconds from the kill to another worker starting the run")
-        print(table(["backend", "lease s", "takeover s", "over lease s"],
-                    [[b, fmt_num(t["lease"]), fmt_num(t["takeover"]), fmt_num(t["takeover"] - t["lease"])]
+        print("\ntakeover after a worker SIGKILL, seconds from the kill to another worker starting the run, "
+              f"median (min-max) of {plan['reps']}")
+        print(table(["backend", "lease s", "takeover s", "slowest over lease s"],
+                    [[b, fmt_num(t["lease"]), fmt_summary(t["takeover"]), fmt_num(t["takeover"]["max"] - t["lease"])]
                      for b, t in takeover.items() if t]))
     if start:
         base = (start.get("python -c pass") or {}).get("ms")
@@ -361,6 +368,9 @@ def report(plan: dict, bench: Bench, runs: dict, convo: dict, takeover: dict, st
     }
     for b, c in convo.items():
         targets[f"conversation_growth_{b}"] = [c["growth"] if c else None, TARGETS["conversation_growth"]]
+    for b, t in takeover.items():  # the slowest takeover, over the lease
+        targets[f"takeover_over_lease_{b}"] = [t["takeover"]["max"] - t["lease"] if t else None,
+                                               TARGETS["takeover_over_lease"]]
     out = {
         "runs": runs, "ratios": ratios, "conversation": convo, "takeover": takeover, "startup": start,
         "targets": targets,

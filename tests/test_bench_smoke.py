@@ -131,6 +131,9 @@ def test_agents_quick_prints_the_required_json():
                 assert is_number(per[op]["median"]) and per[op]["median"] > 0, (backend, n, op, per)
         convo = out["conversation"][backend]
         assert convo["status"] == "completed" and is_number(convo["first_ms"]) and is_number(convo["last_ms"])
+        takeover = out["takeover"][backend]
+        assert takeover["takeover"]["n"] == out["plan"]["reps"] and is_number(takeover["takeover"]["max"])
+        assert is_number(out["targets"][f"takeover_over_lease_{backend}"][0])
     for command in ("python -c pass", "import orchestrator", "agentsaga --help", "agentsaga --version",
                     "agentsaga runs"):
         assert is_number(out["startup"][command].get("ms")), (command, out["startup"][command])
