@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from .errors import SchemaVersionError, StoreError
 
-__all__ = ["CREATES_SCHEMA", "MIGRATES_SCHEMA", "MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema", "schema_mismatch"]
+__all__ = ["CREATES_SCHEMA", "MIGRATES_SCHEMA", "MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema",
+           "schema_mismatch"]
 
 SCHEMA_VERSION = 3
 
