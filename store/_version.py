@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from .errors import SchemaVersionError, StoreError
 
-__all__ = ["CREATES_SCHEMA", "MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema", "schema_mismatch"]
+__all__ = ["CREATES_SCHEMA", "MIGRATES_SCHEMA", "MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema",
+           "schema_mismatch"]
 
 SCHEMA_VERSION = 3
 
@@ -23,8 +24,15 @@ SCHEMA_VERSION = 3
 Migration = Callable[[Callable[[str], None], str], None]
 MIGRATIONS: dict[int, Migration] = {}
 
-#: What creates or migrates a schema, as the refusals say it: an open that may write.
+#: What creates a schema, as the refusals say it: an open that may write. The CLI's verbs on a run
+#: that must exist (resume, signal, cancel, ...) never create one: a database without the tables
+#: cannot hold the run, and is refused naming it.
 CREATES_SCHEMA = (
+    "Orchestrator(url) or open_store(url) in Python, or a verb that drives runs: "
+    "agentsaga run, enqueue, recover or worker"
+)
+#: What migrates a schema: every open that may write, the CLI's verbs on an existing run included.
+MIGRATES_SCHEMA = (
     "Orchestrator(url) or open_store(url) in Python, or a verb that drives runs: "
     "agentsaga run, enqueue, resume, recover or worker"
 )
@@ -127,13 +135,14 @@ def check_schema(dialect, conn) -> int:
             f"written yet. Reading never creates them; the first open that may write does: {CREATES_SCHEMA}",
             found=None,
             supported=SCHEMA_VERSION,
+            absent=True,
         )
     _refuse_newer(dialect, found)
     if found < SCHEMA_VERSION:
         raise SchemaVersionError(
             f"{dialect.url} has schema version {found} and this agentsaga reads version "
             f"{SCHEMA_VERSION}: it needs a migration, which an open for reading never makes. An "
-            f"open that may write migrates it: {CREATES_SCHEMA}; read it after that",
+            f"open that may write migrates it: {MIGRATES_SCHEMA}; read it after that",
             found=found,
             supported=SCHEMA_VERSION,
         )

@@ -49,12 +49,15 @@ class SchemaVersionError(StoreError):
     ``create=False`` (which never creates or migrates a schema), it holds no agentsaga tables
     (``found`` None) or an older schema that needs a migration (``found`` < ``supported``); or
     a statement met a table or column missing from it (its schema changed behind agentsaga's
-    back), or the file is no SQLite database (``found`` None)."""
+    back), or the file is no SQLite database (``found`` None). ``absent`` is true exactly when it
+    holds no agentsaga tables at all (what a mistyped path or an empty database looks like)."""
 
-    def __init__(self, message: str, *, found: int | None = None, supported: int | None = None):
+    def __init__(self, message: str, *, found: int | None = None, supported: int | None = None,
+                 absent: bool = False):
         super().__init__(message)
         self.found = found
         self.supported = supported
+        self.absent = absent
 
 
 class StoreUnavailableError(StoreError):

@@ -119,6 +119,13 @@ class RunSummary:
     #: failures a rollback went back past, oldest first: ``failure``'s fields plus ``rolled_back_at``
     #: (the ``RolledBack`` seq). History, not the run's current cause.
     earlier_failures: list[dict[str, Any]] = field(default_factory=list)
+    #: the HTTP requests compensations made, each once, in journal order: a request's record (method,
+    #: redacted URL, idempotency key, status...) as the attempt's ``CompensationCompleted`` or
+    #: ``CompensationFailed`` journaled it, plus ``seq``/``at`` (that event), ``compensation_of`` (the
+    #: step whose effect was undone), ``effect_seq`` (the effect's seq), ``attempt``, the call's
+    #: ``outcome`` (``completed``, ``failed``, or ``unknown`` for a record this code cannot read) and
+    #: ``undo`` (how that compensation attempt ended: ``completed`` or ``failed``)
+    compensation_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def duration(self) -> float | None:
@@ -211,6 +218,7 @@ class _Builder:
         #: the seq of the newest ``RolledBack``: a failure journaled before it is history, not a cause
         self.since = 0
         self.earlier: list[dict[str, Any]] = []
+        self.compensation_calls: list[dict[str, Any]] = []
 
     # -- one event ---------------------------------------------------------------------------------
     def event(self, seq: int, kind: str, at: float, data: dict[str, Any]) -> None:
@@ -375,6 +383,8 @@ class _Builder:
 
     def saga_event(self, seq: int, kind: str, at: float, data: dict[str, Any]) -> None:
         effect = self.effects.get(data.get("effect", -1)) if "effect" in data else None
+        if kind in (EventKind.COMPENSATION_COMPLETED, EventKind.COMPENSATION_FAILED) and "calls" in data:
+            self.compensation_calls += _compensation_calls(seq, at, data, failed=kind == EventKind.COMPENSATION_FAILED)
         if kind == EventKind.COMPENSATION_STARTED and effect is not None:
             effect["attempts"] = max(effect["attempts"], int(data.get("attempt") or 1))
             effect["status"] = "compensating"
@@ -441,7 +451,7 @@ class _Builder:
             failure=self.failure(), notes=self.notes, states=self.states,
             state_source="" if folded is None else f"state folded from all {folded.seq} events"
             + ("" if self.reduce else "; folded without reducers: fields merged by replacement"),
-            earlier_failures=self.earlier,
+            earlier_failures=self.earlier, compensation_calls=self.compensation_calls,
         )
 
     def failure(self) -> dict[str, Any] | None:
@@ -512,6 +522,33 @@ def _call_record(seq: int, at: float, data: Mapping[str, Any], *, failed: bool =
         if isinstance(answer, dict) and isinstance(answer.get("status"), int):
             call["status"] = answer["status"]
     return call
+
+
+def _compensation_calls(seq: int, at: float, data: Mapping[str, Any], *, failed: bool) -> list[dict[str, Any]]:
+    """The requests a compensation attempt journaled (its event's ``calls``), each labelled with the
+    compensation that made them. Journals are read as they are: ``calls`` that is one record rather
+    than a list, a record that is not a mapping, or one without the fields of today's records is
+    still listed (its ``outcome`` ``unknown`` when it says nothing of one), never a failed read."""
+    calls = data.get("calls")
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        calls = [calls]
+    label = {"seq": seq, "at": at, "compensation_of": data.get("step"), "effect_seq": data.get("effect"),
+             "attempt": data.get("attempt"), "undo": "failed" if failed else "completed"}
+    out = []
+    for record in calls:
+        if not isinstance(record, dict):
+            out.append({**label, "type": "unknown", "record": record, "outcome": "unknown"})
+            continue
+        error = record.get("error")
+        known = any(k in record for k in ("error", "status", "response"))
+        outcome = "failed" if error else "completed" if known else "unknown"
+        call = {**record, **label, "type": record.get("type") or "http", "outcome": outcome}
+        if call["attempt"] is None:  # an event without it: the record's own, if any
+            call["attempt"] = record.get("attempt")
+        out.append(call)
+    return out
 
 
 def _pair_requests(x: Execution, requests: list[Any], pending: list[dict[str, Any]], seq: int, at: float) -> None:

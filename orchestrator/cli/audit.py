@@ -178,6 +178,20 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
         rows = [[e["seq"], e["step"], e["key"], effect_status(e), e["attempts"], e["undone_seq"] or "-"]
                 for e in s.effects]
         out.append(table(["SEQ", "STEP", "KEY", "COMPENSATION", "ATTEMPTS", "UNDONE AT"], rows))
+    undo_calls = s.compensation_calls
+    if undo_calls:
+        # The requests compensations made: journaled with the compensation's attempt, not as any
+        # step's calls, so listed apart, each under the step whose effect it undid.
+        failed = sum(1 for c in undo_calls if c.get("outcome") == "failed")
+        out += ["", f"CALLS BY COMPENSATIONS ({len(undo_calls)} journaled{f', {failed} failed' if failed else ''})"]
+        rows = [[c["seq"], f"compensation of {c.get('compensation_of')}", c.get("attempt") or "-",
+                 *request_line(c), c.get("idempotency_key") or "-",
+                 _ms(c["ms"] if isinstance(c.get("ms"), (int, float)) else None),
+                 call_outcome(c) if c.get("outcome") != "unknown" else "unknown",
+                 ", ".join([*_call_flags(c, durable=False), *(["attempt failed"] if c.get("undo") == "failed" else [])])]
+                for c in undo_calls]
+        out.append(table(["SEQ", "MADE BY", "ATTEMPT", "METHOD", "URL", "IDEMPOTENCY KEY", "MS", "OUTCOME", ""], rows,
+                         max_width=160))
     out += ["", "SNAPSHOTS"]
     snaps = [n for n in s.snapshots if not n.get("rejected")]
     if snaps:
@@ -200,9 +214,20 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
     return out
 
 
-def _call_flags(call: dict[str, Any]) -> list[str]:
+def request_line(call: dict[str, Any]) -> tuple[str, str]:
+    """An HTTP request's method and URL (as journaled: redacted) from its record, which has them at
+    its top level, or (older records) in its ``request``; ``("-", "")`` when it has neither, and a
+    record this code cannot read as its JSON, so that it is still seen."""
+    if call.get("type") == "unknown" and "record" in call:
+        return "-", json.dumps(call["record"], ensure_ascii=False, default=str)
+    request = call.get("request") if isinstance(call.get("request"), dict) else {}
+    return (str(call.get("method") or request.get("method") or "-"),
+            str(call.get("url") or request.get("url") or call.get("name") or ""))
+
+
+def _call_flags(call: dict[str, Any], *, durable: bool = True) -> list[str]:
     flags = [flag for flag in ("effect", "replaced", "replayed") if call.get(flag)]
-    if "index" not in call:
+    if durable and "index" not in call:
         flags.append("not durable")  # a request outside the step's durable calls: made again on a re-run
     if call.get("sent") is False:
         flags.append("not sent")

@@ -236,10 +236,13 @@ def open_orchestrator(args: argparse.Namespace, workflows: Sequence[Any] = (), *
     plus, with ``app``, the app's workflows and top-level registries (combined into one registry);
     the project config's redaction; progress lines on when asked or when stderr is a terminal.
     ``existing``: the verb works on a run that must already exist (resume, signal, cancel, ...), so
-    a SQLite file that does not exist is an error naming it, not a new empty database."""
+    a SQLite file that does not exist, and a database that holds no agentsaga journal (an empty
+    file, a new Postgres schema, another application's database), are errors naming it, and nothing
+    is created in it: no file, no tables (``_require_journal``)."""
     config = project_config(args)
     if existing:
         _require_database(args)
+        _require_journal(args)
     registered = list(workflows)
     registries = list(compensations)
     if app:
@@ -277,6 +280,32 @@ def _require_database(args: argparse.Namespace) -> None:
             subject = f"no run {run_id!r}: " if run_id else ""
             raise CommandError(f"{subject}no database at {path!r} (working directory {os.getcwd()!r}); "
                                "pass --db URL or set AGENTSAGA_DB")
+
+
+def _require_journal(args: argparse.Namespace) -> None:
+    """A database that holds no agentsaga tables is an error naming it, for a verb that works on a
+    run that must exist: opening it to drive runs would create the schema (and, on SQLite, the
+    file's WAL mode) only to report that the run is not there, leaving a mistyped ``--db`` an
+    agentsaga database. It is looked at as the reading verbs look (``create=False``: nothing is
+    created, migrated or stamped). A schema that needs a migration is not refused: the verb's own
+    open migrates it, as every open that may write does. Any other refusal (a newer schema, a file
+    that is no SQLite database, an unreachable server) is raised as the store words it."""
+    from store import SchemaVersionError, open_store
+
+    url = args.db or default_url()
+    try:
+        open_store(url, create=False).close()
+    except SchemaVersionError as exc:
+        if exc.absent:
+            run_id = getattr(args, "run_id", None)
+            subject = f"no run {run_id!r}: " if run_id else ""
+            raise CommandError(
+                f"{subject}{_without_password(url)} holds no agentsaga journal (it has no agentsaga tables: "
+                "not an agentsaga database, or a mistyped --db); nothing was created in it. Pass --db URL "
+                "or set AGENTSAGA_DB to the database the run is in") from None
+        if exc.found is None or exc.supported is None or exc.found > exc.supported:
+            raise
+        # an older schema: the verb's open migrates it
 
 
 def follow_up(args: argparse.Namespace, *words: str, app: bool = True, target: str | None = None) -> str:

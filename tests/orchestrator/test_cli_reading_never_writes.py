@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 NOT_AGENTSAGA = "holds no agentsaga tables: not an agentsaga database, or none was written yet"
 CREATES = ("the first open that may write does: Orchestrator(url) or open_store(url) in Python, or a verb "
-           "that drives runs: agentsaga run, enqueue, resume, recover or worker")
+           "that drives runs: agentsaga run, enqueue, recover or worker")
 TOP = str(2**63 - 1)
 
 

@@ -86,8 +86,8 @@ def test_a_database_of_another_application_is_refused_and_left_as_it_was(foreign
     assert str(refused.value) == (
         f"{foreign} {NOT_AGENTSAGA}. Reading never creates them; the first open that may write does: "
         "Orchestrator(url) or open_store(url) in Python, or a verb that drives runs: "
-        "agentsaga run, enqueue, resume, recover or worker")
-    assert (refused.value.found, refused.value.supported) == (None, SCHEMA_VERSION)
+        "agentsaga run, enqueue, recover or worker")
+    assert (refused.value.found, refused.value.supported, refused.value.absent) == (None, SCHEMA_VERSION, True)
     assert _footprint(foreign) == before
     assert _tables(foreign) == ["users"]
     assert _sql(foreign, "SELECT id, name FROM users") == [(1, "ada")]
@@ -192,6 +192,7 @@ def test_an_older_schema_is_refused_naming_what_migrates_it_and_nothing_is_migra
                               f"version {SCHEMA_VERSION + 1}: it needs a migration")
     assert "agentsaga run, enqueue, resume, recover or worker" in message and "Orchestrator(url)" in message
     assert (refused.value.found, refused.value.supported) == (SCHEMA_VERSION, SCHEMA_VERSION + 1)
+    assert refused.value.absent is False  # it has the tables: only the agentsaga tables' absence is absent
     # And no migration ran, the version row still says the old version, nothing changed
     assert ran == []
     assert _sql(db_url, "SELECT value FROM agentsaga_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
