@@ -1,8 +1,8 @@
 """The explorer's workflows and their scenarios (what the outside world does while they wait).
 
 Together they use retries, several requests per effect, parallel branches with a join, waits and
-signals, a durable timer, compensation, rollback, a failure route with a router and the
-tool-calling loop. Every booking body names its logical request (``{"room": "A"}``,
+signals, a durable timer, compensation, rollback, a failure route with a router, the
+tool-calling loop, answers too large to journal and timed steps. Every booking body names its logical request (``{"room": "A"}``,
 ``{"hold": "v2"}``), independently of the engine's keys, so the booking service's ledger can tell a
 duplicated effect from a new one.
 

@@ -442,7 +442,8 @@ def _big_answers(outcome: Outcome, reference: Outcome) -> list[str]:
     """The answers too large to journal (``fetch`` in the ledger) were requested as in the reference:
     each with the key the reference sent it with (run id written RUN), however often it was fetched
     again; and the journaled HTTP calls sit at the reference's positions (a big answer keeps its
-    position though nothing is journaled for it: the calls after it do not move up)."""
+    position though nothing is journaled for it: the calls after it do not move up, and each sits
+    where the reference's does)."""
     def keys(o: Outcome) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
         for e in o.ledger:
@@ -458,8 +459,11 @@ def _big_answers(outcome: Outcome, reference: Outcome) -> list[str]:
         problems.append(f"the big answers were requested with the keys {keys(outcome)}, the reference's with {ref}")
     got = [(*p[:4], p[4].replace(outcome.result.run_id, "RUN")) for p in http_positions(outcome.history)]
     want = [(*p[:4], p[4].replace(reference.result.run_id, "RUN")) for p in http_positions(reference.history)]
-    if got != want:
-        problems.append(f"the journaled HTTP calls sit at {got}, the reference's at {want}: a call moved")
+    moved = [p for p in got if p not in want]
+    if moved:
+        # (fewer is no problem: an effect a check hook settled from the service is not run again, and
+        # the calls its crashed attempt made but did not journal never are)
+        problems.append(f"the journaled HTTP calls {moved} sit where the reference has none ({want}): a call moved")
     return problems
 
 
