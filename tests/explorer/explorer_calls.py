@@ -8,6 +8,10 @@ anything was journaled about it (``sent``), for ``ctx.http``, tool calls and mod
 request is shown to the process's ``on_send`` (its method, URL and ``Idempotency-Key``), which
 checks the journal before it leaves. The simulated processes also share one
 TLS context per setting (only speed changes).
+
+A process whose flow says so (``first_call_cost``) is slow to make its HTTP clients, as a fresh
+process on a loaded machine is: its first ``clients.ssl_context()`` moves every event loop's clock
+past a step's timeout (``_first_context``), so a timer that was running meanwhile comes due.
 """
 
 from __future__ import annotations
