@@ -103,6 +103,17 @@ def _first_context() -> Any:
     return _REAL_CLIENT_SSL()
 
 
+def _restore_loop_time() -> None:
+    """Give the event loops their own clock back once no loop that read the moved clock is open (a
+    loop's clock must never go back while it runs; a loop made later starts from the real clock)."""
+    global _loop_skew
+    if _loop_skew and any(not loop.is_closed() for loop in list(_loops)):
+        return  # still in use: it keeps the moved clock (an offset, so its intervals are unchanged)
+    _loop_skew = 0.0
+    _loops.clear()
+    asyncio.BaseEventLoop.time = _REAL_LOOP_TIME  # type: ignore[method-assign]
+
+
 def _request_label(process: Process, request: httpx.Request) -> str:
     """``POST /flights``; for a group's runs, the endpoint and the query that names the run
     (``DELETE /cars?run=r2``: a booking's id depends on how the runs interleaved, the run does not)."""
@@ -205,5 +216,4 @@ def outgoing_calls_instrumented() -> Iterator[None]:
                 WireTransport.exchange = _REAL_EXCHANGE  # type: ignore[method-assign]
                 _httpx_default.create_ssl_context = _REAL_SSL
                 clients.ssl_context = _REAL_CLIENT_SSL  # type: ignore[assignment]
-                if _loop_skew == 0.0:  # (once moved on, a loop's clock must not go back: it stays so)
-                    asyncio.BaseEventLoop.time = _REAL_LOOP_TIME  # type: ignore[method-assign]
+                _restore_loop_time()
