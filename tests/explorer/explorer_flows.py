@@ -1,8 +1,8 @@
 """The explorer's workflows and their scenarios (what the outside world does while they wait).
 
 Together they use retries, several requests per effect, parallel branches with a join, waits and
-signals, a durable timer, compensation, rollback, a failure route with a router and the
-tool-calling loop. Every booking body names its logical request (``{"room": "A"}``,
+signals, a durable timer, compensation, rollback, a failure route with a router, the
+tool-calling loop, answers too large to journal and timed steps. Every booking body names its logical request (``{"room": "A"}``,
 ``{"hold": "v2"}``), independently of the engine's keys, so the booking service's ledger can tell a
 duplicated effect from a new one.
 
@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+from explorer_harness import ExplorerService
 
 from orchestrator import Orchestrator, RunResult
 from orchestrator.agents import LLM, ToolContext, ToolRegistry, run_tool_loop
@@ -79,12 +80,13 @@ def rule(variant: str, check: Callable[..., Any]) -> dict[str, Any]:
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
 
 
-def booked(world: Any, ctx: Any, *bodies: dict[str, Any]) -> list[str] | None:
+def booked(world: Any, ctx: Any, *bodies: dict[str, Any], at: tuple[int, ...] | None = None) -> list[str] | None:
     """A check hook's look-up: the ids of the bookings a step's requests made, found in the service's
     ledger (``GET /ledger``, an outgoing call of the process that recovers) by the key ``ctx.http``
     sent with each (request i of the execution carries ``key`` for i == 0, else ``key:i``); None when
     one of them is not there (the step then runs again with the same key, and the requests that
-    went out are answered from the journal or replayed by the service).
+    went out are answered from the journal or replayed by the service). ``at``: the positions of the
+    bodies' requests among the execution's, when other requests come between them (by default 0, 1...).
 
     A booking under one of those keys for another request is not this step's: the hook raises
     (the engine then fails the step as in doubt, visibly)."""
@@ -92,7 +94,7 @@ def booked(world: Any, ctx: Any, *bodies: dict[str, Any]) -> list[str] | None:
     entries = httpx.get(f"{world.api}/ledger", timeout=30.0).json()
     made = {e["idempotency_key"]: e for e in entries if e["action"] == "book"}
     ids = []
-    for i, body in enumerate(bodies):
+    for i, body in zip(at or range(len(bodies)), bodies, strict=True):
         entry = made.get(key if i == 0 else f"{key}:{i}")
         if entry is None:
             return None
@@ -487,6 +489,93 @@ class Order(Flow):
         return {**state, "invoice": {"step": step, "error": doubt}, "notified": doubt}
 
 
+#: the timeout of ``catalog``'s timed steps, in seconds of the event loop's clock: never reached by
+#: a step's own work, however loaded the machine (the explorer's real-time waits are as long: leases,
+#: heartbeats)
+TIMEOUT = 3600.0
+
+
+class Catalog(Flow):
+    """Answers too large to journal (over 1 MiB: explorer_harness.ExplorerService's ``GET
+    /catalog/PART``), and timed effect steps whose first call is the process's first HTTP call.
+
+    ``fetch`` (an effect, sync, with a timeout) reads the rooms' catalog (a big answer: handed to the
+    step live, no call of the journal, request 0 sending ``key``), then books a room (request 1,
+    ``key:1``). ``digest`` (a plain async step) reads the digest's catalog with ``ctx.ahttp`` (big),
+    reserves a car (journaled), and waits for the ``go`` signal: woken, it runs again from its first
+    line, reads the big catalog again and finds the car's answer in the journal, at its position.
+    ``pay`` (an effect, async, with a timeout) pays (``key``), reads the receipt's catalog (big,
+    ``key:1``) and books a flight (``key:2``). ``close`` fails for good: the saga cancels the flight
+    and the payment, then the room, newest first.
+
+    A big answer is fetched again whenever its step runs again (after a crash, or woken from its
+    wait), with the same key; the calls after it keep their positions. Every simulated process
+    makes its HTTP clients the first time a step needs them, and that costs ``first_call_cost``
+    seconds of the event loop's clock (explorer_calls: as a loaded machine takes to load its CA
+    bundle): the engine makes them before a timed attempt's timer starts, so the timeouts never
+    fire, in the first process or in one that recovers the run."""
+
+    status = "compensated"
+    first_call_cost = 10 * TIMEOUT
+
+    def __init__(self, world: Any, variant: str = "resend") -> None:
+        wf = Workflow("catalog", version="1")
+        api = world.api
+
+        def fetch_done(ctx, state):
+            found = booked(world, ctx, {"room": "catalog"}, at=(1,))
+            return found and {"room": found[0], "rooms": ExplorerService.FILLER}
+
+        def pay_done(ctx, state):
+            found = booked(world, ctx, {"amount": 12}, {"flight": "receipt"}, at=(0, 2))
+            return found and {"payment": found[0], "flight": found[1], "receipt": ExplorerService.FILLER}
+
+        def refund(ctx, effect):  # newest first: the flight, then the payment
+            ctx.http.delete(f"{api}/flights/{effect.result['flight']}")
+            ctx.http.delete(f"{api}/payments/{effect.result['payment']}")
+
+        @wf.step(start=True, effect=True, timeout=TIMEOUT, retry=Retry(attempts=1),
+                 compensate=_cancel(world, "hotels", "room"), **rule(variant, fetch_done))
+        def fetch(ctx, state):
+            world.executed(ctx)
+            rooms = ctx.http.get(f"{api}/catalog/rooms").json()["items"]
+            room = ctx.http.post(f"{api}/hotels", json={"room": "catalog"}).json()["id"]
+            return {"room": room, "rooms": len(rooms)}
+
+        @wf.step()
+        async def digest(ctx, state):
+            world.executed(ctx)
+            digest = (await ctx.ahttp.get(f"{api}/catalog/digest")).json()["items"]
+            car = (await ctx.ahttp.post(f"{api}/cars", json={"car": "digest"})).json()["id"]
+            go = ctx.wait_for("go")
+            return {"digest": len(digest), "car": car, "go": go["by"]}
+
+        @wf.step(effect=True, timeout=TIMEOUT, retry=Retry(attempts=1), compensate=refund,
+                 **rule(variant, pay_done))
+        async def pay(ctx, state):
+            world.executed(ctx)
+            payment = (await ctx.ahttp.post(f"{api}/payments", json={"amount": 12})).json()["id"]
+            receipt = (await ctx.ahttp.get(f"{api}/catalog/receipt")).json()["items"]
+            flight = (await ctx.ahttp.post(f"{api}/flights", json={"flight": "receipt"})).json()["id"]
+            return {"payment": payment, "flight": flight, "receipt": len(receipt)}
+
+        @wf.step()
+        def close(ctx, state):
+            world.executed(ctx)
+            raise RuntimeError("the catalog was withdrawn")
+
+        wf.edge("fetch", "digest")
+        wf.edge("digest", "pay")
+        wf.edge("pay", "close")
+        wf.edge("close", END)
+        self.workflow = wf
+
+    def outside(self, world: Any, orc: Orchestrator, run_id: str) -> RunResult:
+        if not orc.store.signals.pending(run_id, "go"):  # a sender that checks before re-sending
+            orc.signal(run_id, "go", {"by": "ann"})
+        return orc.resume(run_id)
+
+
 def chat_script(request: dict[str, Any], n: int) -> Any:
     """The model, answering from the conversation: the same answers whatever was replayed before."""
     messages = request.get("messages", [])
@@ -506,4 +595,4 @@ def chat_script(request: dict[str, Any], n: int) -> Any:
 
 
 FLOWS: dict[str, type[Flow]] = {"trip": Trip, "fanout": Fanout, "threads": Threads, "approval": Approval,
-                                "agent": Agent, "nested": Nested, "order": Order}
+                                "agent": Agent, "nested": Nested, "order": Order, "catalog": Catalog}

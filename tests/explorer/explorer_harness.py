@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from explorer_oracle import doubt_problems, fold_problems, in_doubt_failures, invariant_problems
+from explorer_oracle import (doubt_problems, fold_problems, http_positions, in_doubt_failures,
+                             invariant_problems)
 from explorer_process import CURRENT, LEASE_TTL, T0, Plan, Process, ProcessDied
 from explorer_store import instrument_store
 
@@ -34,7 +35,25 @@ from orchestrator import Orchestrator, RunResult
 from orchestrator.engine import TERMINAL_STATUSES
 from orchestrator.payload import codec
 from orchestrator.testing import BookingService, FakeClock
+from orchestrator.tools.http import MAX_DURABLE_BODY
 from store import RunNotFoundError, StoreUnavailableError, open_store
+
+
+class ExplorerService(BookingService):
+    """The booking service, and a catalog too large to journal: ``GET /catalog/PART`` answers a JSON
+    body over ``MAX_DURABLE_BODY`` (1 MiB), so ``ctx.http`` hands it to the step live and journals no
+    call for it. Each one served is a ``fetch`` entry of the ledger with the key it carried, so a
+    re-send can be told apart, and its key compared with the first send's."""
+
+    #: characters of filler in each catalog answer: the body is over the journal's limit
+    FILLER = MAX_DURABLE_BODY + 4096
+
+    def _dispatch(self, method: str, path: str, body: Any, raw: bytes, key: str | None) -> tuple[int, Any]:
+        parts = [p for p in path.split("/") if p]
+        if method == "GET" and len(parts) == 2 and parts[0] == "catalog":
+            self._log("fetch", kind="catalog", part=parts[1], idempotency_key=key)
+            return 200, {"part": parts[1], "items": "x" * self.FILLER}
+        return super()._dispatch(method, path, body, raw, key)
 
 
 # -- one exploration's world ---------------------------------------------------------------------------
@@ -220,6 +239,7 @@ def drive(flow: Any, world: World, orc: Orchestrator, process: Process, run_id: 
     A run that exists is taken over with ``resume`` (the lease at once, a new fencing token), or with
     ``recover`` once the clock has passed the dead owner's lease, as a worker finding it would."""
     token = CURRENT.set(process)
+    process.first_context_cost = getattr(flow, "first_call_cost", 0.0)
     try:
         try:
             record = orc.store.get_run(run_id)
@@ -260,7 +280,7 @@ def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: P
 
     With ``child``, the first process is a real one: ``child(world)`` runs it (it SIGKILLs itself at
     the plan's point) and returns once it is gone; this process then takes the run over."""
-    service = BookingService()
+    service = ExplorerService()
     service.start()
     try:
         world = World(service=service, clock=FakeClock(T0), chat_url=chat_url, run_id=run_id)
@@ -371,6 +391,8 @@ def check(outcome: Outcome, reference: Outcome) -> list[str]:
         if n > 1:
             problems.append(f"the effect journaled at seq {seq} was compensated {n} times")
     problems += _calls_made_again(outcome, reference)
+    problems += _big_answers(outcome, reference)
+    problems += timed_out(outcome)
     if _final(outcome) != _final(reference):
         problems.append(f"final {outcome.result.status} {outcome.result.state} differs from the reference's "
                         f"{reference.result.status} {reference.result.state}")
@@ -396,7 +418,7 @@ def judge(outcome: Outcome, reference: Outcome, flow: Any, variant: str) -> list
             problems.append(f"a step failed as in doubt under the {variant!r} rule: "
                             f"{[f['step'] for f in in_doubt_failures(outcome.history)]}")
         return problems
-    problems = list(outcome.violations) + doubt + outcome.fold_problems
+    problems = list(outcome.violations) + doubt + outcome.fold_problems + timed_out(outcome)
     problems += invariant_problems(outcome.history, outcome.ledger, outcome.workflow, outcome.result.run_id)
     bodies = Counter(_body_id(e) for e in outcome.ledger if e["action"] == "book")
     problems += [f"{what} took effect {n} times for one logical request" for what, n in bodies.items() if n > 1]
@@ -404,6 +426,44 @@ def judge(outcome: Outcome, reference: Outcome, flow: Any, variant: str) -> list
         problems.append(f"the run was left {outcome.result.status}")
     if not outcome.verify_ok:
         problems.append(f"verify is not clean: {outcome.verify_text}")
+    return problems
+
+
+def timed_out(outcome: Outcome) -> list[str]:
+    """Step attempts that timed out: none does in the explorer's flows, whose timeouts no step's own
+    work reaches; one that did was charged for what its process makes once (its HTTP clients, which
+    the engine makes before a timed attempt's timer starts; explorer_calls makes that slow)."""
+    return [f"step {e['data']['step']!r} (tick {e['data']['tick']}) timed out in attempt {e['data']['attempt']}: "
+            f"{e['data']['error'].get('message')}" for e in outcome.history
+            if e["kind"] == "StepFailed" and e["data"]["error"]["type"].endswith("StepTimeoutError")]
+
+
+def _big_answers(outcome: Outcome, reference: Outcome) -> list[str]:
+    """The answers too large to journal (``fetch`` in the ledger) were requested as in the reference:
+    each with the key the reference sent it with (run id written RUN), however often it was fetched
+    again; and the journaled HTTP calls sit at the reference's positions (a big answer keeps its
+    position though nothing is journaled for it: the calls after it do not move up, and each sits
+    where the reference's does)."""
+    def keys(o: Outcome) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for e in o.ledger:
+            if e["action"] == "fetch":
+                out.setdefault(e["part"], set()).add(str(e.get("idempotency_key")).replace(o.result.run_id, "RUN"))
+        return out
+
+    ref = keys(reference)
+    if not ref:
+        return []
+    problems = []
+    if keys(outcome) != ref:
+        problems.append(f"the big answers were requested with the keys {keys(outcome)}, the reference's with {ref}")
+    got = [(*p[:4], p[4].replace(outcome.result.run_id, "RUN")) for p in http_positions(outcome.history)]
+    want = [(*p[:4], p[4].replace(reference.result.run_id, "RUN")) for p in http_positions(reference.history)]
+    moved = [p for p in got if p not in want]
+    if moved:
+        # (fewer is no problem: an effect a check hook settled from the service is not run again, and
+        # the calls its crashed attempt made but did not journal never are)
+        problems.append(f"the journaled HTTP calls {moved} sit where the reference has none ({want}): a call moved")
     return problems
 
 
@@ -436,6 +496,12 @@ def check_reference(reference: Outcome, status: str) -> None:
     assert reference.result.status == status, (reference.result.status, reference.result.error)
     assert reference.verify_ok, reference.verify_text
     assert not reference.violations, reference.violations
+    assert not timed_out(reference), timed_out(reference)
+    first = reference.processes[0]
+    # (a flow whose first HTTP client is slow to make: it was, so the timeouts were put to the test)
+    assert first.context_made or not first.first_context_cost, "the process never made its HTTP clients"
+    problems = invariant_problems(reference.history, reference.ledger, reference.workflow, reference.result.run_id)
+    assert not problems, problems
     booked = [e["id"] for e in reference.ledger if e["action"] == "book"]
     cancels = [e["id"] for e in reference.ledger if e["action"] == "cancel"]
     if cancels:  # compensated: everything booked is cancelled, newest first

@@ -150,6 +150,7 @@ def invariant_problems(history: list[dict[str, Any]], ledger: list[dict[str, Any
     for booking, ks in by_id.items():
         if len(ks) > 1:
             problems.append(f"booking {booking} was requested with several keys {sorted(map(str, ks))} (invariant 4)")
+    problems += big_answer_problems(history, ledger, run_id)
     # 5. each effect compensated at most once, newest first
     done = Counter(e["data"]["effect"] for e in history if e["kind"] == "CompensationCompleted")
     for seq, n in done.items():
@@ -168,6 +169,52 @@ def invariant_problems(history: list[dict[str, Any]], ledger: list[dict[str, Any
             if saga != sorted(saga, reverse=True):
                 problems.append(f"a saga compensated the effects at seqs {saga}: not newest first (invariant 5)")
     return problems
+
+
+# -- answers too large to journal --------------------------------------------------------------------
+def big_answer_problems(history: list[dict[str, Any]], ledger: list[dict[str, Any]], run_id: str) -> list[str]:
+    """A ``ctx.http`` answer over 1 MiB (the service's ``GET /catalog/PART``, a ``fetch`` in its ledger)
+    is no call of the journal: no ``CallCompleted`` or ``CallFailed`` records it. The step that made it
+    fetches it again whenever it runs again, and every send of one request carries the same key: its
+    position's (invariant 4: a request is re-sent with its key, never under a new one). For an effect
+    step, that key extends the intent's journaled key."""
+    problems = []
+    for e in history:
+        if e["kind"] in ("CallCompleted", "CallFailed") and "/catalog/" in json.dumps(e["data"]):
+            problems.append(f"seq {e['seq']} {e['kind']} of {e['data'].get('step')!r} journals a call whose answer "
+                            "is over 1 MiB: such a call is made live and journaled as none")
+    intents = {e["data"]["key"] for e in history if e["kind"] == "StepStarted" and e["data"].get("key")}
+    sent: dict[str, list[str | None]] = {}
+    for entry in ledger:
+        if entry["action"] == "fetch":
+            sent.setdefault(entry["part"], []).append(entry.get("idempotency_key"))
+    for part, keys in sent.items():
+        if len(set(keys)) > 1:
+            problems.append(f"the big answer {part!r} was requested with several keys {keys}: a re-send must carry "
+                            "the key of the first (invariant 4)")
+        key = keys[0] or ""
+        step = _step_of(key, run_id)
+        if step is None:
+            problems.append(f"the big answer {part!r} was requested with key {keys[0]!r}, not one of the run's")
+        elif any(e["kind"] == "StepStarted" and e["data"]["step"] == step and e["data"].get("key")
+                 for e in history) and not any(key.startswith(f"{k}:") or key == k for k in intents):
+            problems.append(f"the big answer {part!r} of the effect {step!r} was requested with key {key!r}, "
+                            "which no journaled intent carries (invariant 4)")
+    return problems
+
+
+def http_positions(history: list[dict[str, Any]]) -> list[tuple[str, int, int, str, str]]:
+    """Where each journaled HTTP call sits: (step, tick, rollback epoch, position, path), sorted."""
+    epoch, out = 0, []
+    for e in history:
+        if e["kind"] == "RolledBack":
+            epoch += 1
+        elif e["kind"] == "CallCompleted" and e["data"].get("kind") == "http":
+            d = e["data"]
+            url = (d.get("response") or {}).get("url") or ""
+            path = "/" + url.split("://", 1)[-1].partition("/")[2]
+            out.append((d["step"], d["tick"], epoch, str(d["index"]), path))
+    return sorted(out)
 
 
 # -- the default in-doubt rule -------------------------------------------------------------------------

@@ -87,6 +87,10 @@ class Process:
         self.behind: bool | None = None
         #: told of each request about to leave (after its ``send`` point): ``(process, method, url, key)``
         self.on_send: Any = None
+        #: seconds of the event loop's clock that making the process's SSL context (its first HTTP
+        #: client) costs, as on a loaded machine (explorer_calls), and whether it was made
+        self.first_context_cost = 0.0
+        self.context_made = False
         self._lock = threading.Lock()
 
     def fence(self) -> None:

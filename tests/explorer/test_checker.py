@@ -4,7 +4,9 @@ A sweep that finds nothing is only worth something if its checks would have foun
 Here a careless flow books with a fresh idempotency key on every execution (so a crash after the
 booking left makes the resumed run book again), a run's ledger is shown its cancellations in the
 wrong order, and the execution ledger is shown a step starting again after its completion was
-journaled.
+journaled. The catalog flow's checks are shown an answer over 1 MiB journaled as a call, re-sent
+under another key, a call moved into the position it leaves, and an engine that starts a timed
+attempt's timer before making its process's HTTP clients.
 """
 
 from __future__ import annotations
@@ -329,3 +331,72 @@ def test_a_request_leaving_before_its_keys_issue_or_a_compensation_sent_after_it
     # Then each is reported
     assert any("already confirmed" in v and "invariant 5" in v for v in world.violations), world.violations
     assert any("router of 'rooms'" in v and "invariant 3" in v for v in world.violations), world.violations
+
+
+def test_a_big_answer_journaled_re_sent_under_another_key_or_a_call_moved_after_it_is_reported(db_url):
+    from explorer_harness import check
+    from explorer_oracle import invariant_problems
+
+    # Given the catalog flow's reference (answers over 1 MiB in a sync effect, a plain async step
+    # woken from its wait, and an async effect), and a crash right after the receipt's big answer
+    with outgoing_calls_instrumented():
+        reference = explore(FLOWS["catalog"], db_url, "big-reference", Plan())
+        k = reference.points.index("sent GET /catalog/receipt") + 1
+        outcome = explore(FLOWS["catalog"], db_url, "big-crash", Plan(at=k))
+    assert check(outcome, reference) == []
+    fetched = [e for e in outcome.ledger if e["action"] == "fetch"]
+    # (the digest was fetched again when its step was woken, the receipt when pay ran again: same keys)
+    assert [e["part"] for e in fetched] == ["rooms", "digest", "digest", "receipt", "receipt"]
+    assert fetched[3]["idempotency_key"] == fetched[4]["idempotency_key"] == "big-crash:pay:2:1"
+    wf, run = outcome.workflow, "big-crash"
+    flight = next(e for e in outcome.history if e["kind"] == "CallCompleted" and e["data"]["index"] == 2)
+
+    # When the big answer is journaled as a call; when it is re-sent under a new key, or under the
+    # key of a position no intent has; when the call after it moves up into its position
+    response = flight["data"]["response"]
+    big = {**response, "url": response["url"].replace("/flights", "/catalog/receipt")}
+    journaled = [{**e, "data": {**e["data"], "index": 1, "response": big}} if e is flight else e
+                 for e in outcome.history]
+    rekeyed = outcome.ledger + [{**fetched[4], "idempotency_key": "big-crash:pay:2:9"}]
+    stray = [e if e is not fetched[0] else {**e, "idempotency_key": "big-crash:fetch:7"} for e in outcome.ledger]
+    moved = dataclasses.replace(outcome, history=[
+        {**e, "data": {**e["data"], "index": 1}} if e is flight else e for e in outcome.history])
+
+    # Then each is reported
+    assert any("journals a call whose answer is over 1 MiB" in p
+               for p in invariant_problems(journaled, outcome.ledger, wf, run))
+    assert any("requested with several keys" in p and "'receipt'" in p
+               for p in invariant_problems(outcome.history, rekeyed, wf, run))
+    assert any("which no journaled intent carries" in p for p in invariant_problems(outcome.history, stray, wf, run))
+    assert any("the big answers were requested with the keys" in p
+               for p in check(dataclasses.replace(outcome, ledger=rekeyed), reference))
+    assert any("a call moved" in p for p in check(moved, reference))
+
+
+@pytest.mark.parametrize("where", ["first process", "recovery"])
+def test_a_timed_step_charged_for_its_processes_first_http_client_is_reported(db_url, monkeypatch, where):
+    from explorer_harness import check
+
+    from orchestrator.engine.steps import StepRunner
+
+    # Given the catalog flow's reference, whose timed steps never time out
+    with outgoing_calls_instrumented():
+        reference = explore(FLOWS["catalog"], db_url, f"warm-reference-{where[0]}", Plan())
+        assert reference.processes[0].context_made
+        # When the engine no longer makes the HTTP clients before a timed attempt's timer starts, and
+        # the run is driven by a first process (the sync fetch makes the clients) or recovered by a
+        # fresh one after a death just before the async pay began (pay's ctx.ahttp makes them)
+        warm_tools = StepRunner.warm_tools
+
+        async def not_ahead(self) -> None:
+            if where == "recovery" and CURRENT.get().name == "gen0":
+                await warm_tools(self)  # (the first process is not the one examined: it goes as usual)
+
+        monkeypatch.setattr(StepRunner, "warm_tools", not_ahead)
+        before_pay = reference.points.index("before append[StepStarted:pay]") + 1
+        plan = Plan() if where == "first process" else Plan(at=before_pay)
+        outcome = explore(FLOWS["catalog"], db_url, f"warm-{where[0]}", plan)
+    # Then the step is reported as timed out (making the clients moved the loops' clock past its timeout)
+    step = "fetch" if where == "first process" else "pay"
+    problems = check(outcome, reference)
+    assert any(f"step {step!r} (tick" in p and "timed out" in p for p in problems), problems
