@@ -1,4 +1,5 @@
-"""Creating runs: a run's row and its first events (and a snapshot of them) in one transaction,
+"""Creating runs: a run's row and its first events (and a snapshot of them, and signals already
+waiting in its inbox) in one transaction,
 one at a time (`create_run`) or many in one transaction and one flush (`create_runs`, the group
 create). The Store's `create_run` and `create_runs` are these.
 
@@ -16,6 +17,7 @@ from ._boundary import Boundary
 from ._dialect import Dialect, ErrorKind, iter_chunks
 from ._journal import Journal, check_batch, event_row, insert_events
 from ._records import NewEvent, NewSnapshot
+from ._signals import insert_in_transaction as insert_signals
 from .errors import DuplicateRunError
 
 __all__ = ["Creates"]
@@ -72,12 +74,14 @@ class _Row(NamedTuple):
 
 
 class _Plan(NamedTuple):
-    """What a create writes: the run row, its first events and snapshot, and the lease token it returns."""
+    """What a create writes: the run row, its first events and snapshot, the signals waiting in its
+    inbox, and the lease token it returns."""
 
     row: _Row
     events: list[NewEvent]
     snapshot: NewSnapshot | None
     token: int
+    signals: list[tuple[str, str, float]]
 
 
 class Creates:
@@ -108,22 +112,25 @@ class Creates:
         snapshot: NewSnapshot | None = None,
         finished_at: float | None = None,
         error: str | None = None,
+        signals: Sequence[tuple[str, str, float]] = (),
     ) -> int:
         """Insert the run and its first events (and a snapshot of them) in one transaction;
         return the lease token (1 when created leased by `lease_owner`, else 0).
 
-        `finished_at` and `error` bring in a run that has already ended elsewhere (a restore).
+        `finished_at` and `error` bring in a run that has already ended elsewhere (a restore);
+        `signals` ((name, JSON data, sent_at), oldest first) are queued unconsumed in its inbox in
+        the same transaction (a restored run's pending signals).
         A taken run id or dedup key raises `DuplicateRunError`, except on a retry after an attempt
         whose COMMIT may have landed, when the row in the way is exactly this call's (`_landed`)."""
-        row, events, snapshot, token = self._plan(
+        row, events, snapshot, token, inbox = self._plan(
             run_id=run_id, workflow=workflow, version=version, fingerprint=fingerprint, target=target,
             created_at=created_at, events=events, status=status, lease_owner=lease_owner, lease_ttl=lease_ttl,
             parent_run_id=parent_run_id, queue=queue, priority=priority, dedup_key=dedup_key,
-            snapshot=snapshot, finished_at=finished_at, error=error)
+            snapshot=snapshot, finished_at=finished_at, error=error, signals=signals)
         d = self._d
         journal = self._journal
 
-        one = d.name == "postgresql" and len(events) == 1 and snapshot is None
+        one = d.name == "postgresql" and len(events) == 1 and snapshot is None and not inbox
         attempts = 0
 
         def work(conn: Any) -> int:
@@ -140,6 +147,8 @@ class Creates:
                         insert_events(d, conn, [event_row(pk, e) for e in events])
                     if snapshot is not None:
                         journal.insert_snapshot(conn, pk, snapshot)
+                    if inbox:
+                        insert_signals(d, conn, pk, inbox)
             except d.driver_errors as exc:
                 if d.classify(exc, conn) is not ErrorKind.UNIQUE:
                     raise
@@ -184,7 +193,7 @@ class Creates:
                 for cursor in cursors:
                     pks.update(cursor.fetchall())
                 events: list[tuple[Any, ...]] = []
-                for i, (row, evs, snapshot, _token) in enumerate(plans):
+                for i, (row, evs, snapshot, _token, inbox) in enumerate(plans):
                     pk = pks.pop(row.run_id, None)  # popped: a second item with this id is a duplicate
                     if pk is None:
                         taken.append(i)
@@ -192,6 +201,8 @@ class Creates:
                     events += [event_row(pk, e) for e in evs]
                     if snapshot is not None:
                         self._journal.insert_snapshot(conn, pk, snapshot)
+                    if inbox:
+                        insert_signals(d, conn, pk, inbox)
                 if events:
                     insert_events(d, conn, events)
             results: list[int | DuplicateRunError] = [plan.token for plan in plans]
@@ -220,6 +231,7 @@ class Creates:
         lease_ttl: float | None = None, parent_run_id: str | None = None, queue: str | None = None,
         priority: int = 0, dedup_key: str | None = None, snapshot: NewSnapshot | None = None,
         finished_at: float | None = None, error: str | None = None,
+        signals: Sequence[tuple[str, str, float]] = (),
     ) -> _Plan:
         """`create_run`'s checks, and what it writes."""
         if lease_owner is not None and lease_ttl is None:
@@ -232,7 +244,8 @@ class Creates:
         expires = created_at + lease_ttl if lease_owner is not None and lease_ttl else None
         row = _Row(run_id, workflow, version, fingerprint, target, status, created_at, finished_at or created_at,
                    parent_run_id, lease_owner, token, expires, queue, priority, dedup_key, finished_at, error)
-        return _Plan(row, events, snapshot, token)
+        inbox = [(name, data, sent_at) for name, data, sent_at in signals]
+        return _Plan(row, events, snapshot, token, inbox)
 
     def _landed(self, conn: Any, row: _Row, events: Sequence[NewEvent]) -> bool:
         """True when the run `row` describes is in the database as this call

@@ -8,7 +8,9 @@ Consuming is normally part of journaling the event that handles the signal: `Sto
 consume_signals=[ids])` calls `consume_in_transaction` from inside its own transaction, so the
 event and the consumption commit together or not at all. That function is this module's second
 public name (for the journal, not for users): it takes the journal's connection and never opens
-a boundary call or a transaction of its own.
+a boundary call or a transaction of its own. Its third, `insert_in_transaction`, is for creating
+a run with signals already waiting in its inbox (a restored savepoint's), in the create's
+transaction, under the same rule.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ._dialect import Dialect, marks
 from ._fence import Fence
 from .errors import ConflictError, RunNotFoundError
 
-__all__ = ["Signals", "consume_in_transaction"]
+__all__ = ["Signals", "consume_in_transaction", "insert_in_transaction"]
 
 
 class Signals:
@@ -98,3 +100,14 @@ def consume_in_transaction(
             " (unknown, another run's, or already consumed)",
             run_id=run_id,
         )
+
+
+def insert_in_transaction(
+    dialect: Dialect, conn: Any, run_pk: int, signals: Sequence[tuple[str, str, float]]
+) -> None:
+    """Inside the caller's transaction on `conn`: queue `signals` ((name, JSON data, sent_at), oldest
+    first) for run `run_pk`, unconsumed. One statement per signal, in order: their ids keep the
+    order they are given in, which is the order they are delivered in."""
+    sql = "INSERT INTO agentsaga_signals (run_pk, name, data, sent_at, consumed) VALUES (?, ?, ?, ?, ?)"
+    for name, data, sent_at in signals:
+        dialect.execute(conn, sql, (run_pk, name, data, sent_at, False))
