@@ -489,7 +489,8 @@ class Engine:
     # -- savepoints ------------------------------------------------------------------------------
     def savepoint(self, run_id: str, *, name: str, path: str | os.PathLike[str]) -> Path:
         """Write the run as a savepoint file (see ``engine/savepoints.py``): its row, its newest
-        snapshot that verifies, its whole journal, a hash chain, signed when a key is configured."""
+        snapshot that verifies, its whole journal, its pending signals, a hash chain, signed when a
+        key is configured."""
         # The catalog and snapshot first, then the journal: a snapshot is written with the event at
         # its seq, so the journal read afterwards always holds it, even while the run is driven.
         # An incremental snapshot is materialised from its chain: the file holds a self-contained one.
@@ -502,10 +503,18 @@ class Engine:
             if snap.seq not in problems and snapshot_problem(snap) is None:
                 snapshot = snap
                 break
+        # The inbox before the journal: a signal consumed in between is then in both, and is left
+        # out by the SignalReceived that names it (consuming journals it in the same transaction),
+        # never carried twice. One sent after this read stays here, like one sent after the file.
+        inbox = self.store.signals.pending(run_id)
         events = self.store.events(run_id)
         rec = self.store.get_run(run_id)
+        consumed = _consumed_here(events)
+        signals = [savepoints.PendingSignal(id=i, name=n, data=d, sent_at=at)
+                   for i, n, d, at in inbox if i not in consumed]
         doc = savepoints.build_savepoint(name, rec, snapshot, events, now=self.config.clock(),
-                                         agentsaga_version=AGENTSAGA_VERSION, key=self.config.signing_key)
+                                         agentsaga_version=AGENTSAGA_VERSION, key=self.config.signing_key,
+                                         signals=signals)
         return savepoints.write_savepoint(Path(path), doc)
 
     def restore_savepoint(self, path: str | os.PathLike[str], *, max_bytes: int | None = None) -> str:
@@ -520,7 +529,7 @@ class Engine:
         now = self.config.clock()
         restored = {"savepoint": point.name, "head": point.head, "signed": point.signed,
                     "created_at": point.created_at, "snapshot_seq": point.snapshot.seq if point.snapshot else 0,
-                    "owner": self.config.owner}
+                    "signals": len(point.signals), "owner": self.config.owner}
         events = [*point.events, NewEvent(seq=len(point.events) + 1, kind=EventKind.RESTORED,
                                           data=codec.dumps(restored), at=now)]
         # An unfinished run arrives unleased and pending: `resume RUN`, `recover` or a worker
@@ -538,11 +547,27 @@ class Engine:
                 run_id=run["run_id"], workflow=run["workflow"], version=run["version"],
                 fingerprint=run["fingerprint"], target="", created_at=run["created_at"], events=events,
                 status=status, parent_run_id=run["parent_run_id"], snapshot=snapshot,
-                finished_at=run["finished_at"], error=run["error"])
+                finished_at=run["finished_at"], error=run["error"],
+                signals=[(sig.name, sig.data, sig.sent_at) for sig in point.signals])
         except DuplicateRunError:
             raise SavepointError(f"savepoint {str(path)!r}: run {run['run_id']!r} already exists in this database; "
                                  "nothing was written") from None
         return run["run_id"]
+
+
+def _consumed_here(events: Iterable[Any]) -> set[int]:
+    """The ids of the signals this database's journal of a run says were consumed: those its
+    ``SignalReceived`` events name after the last ``Restored`` (before it, the ids are another
+    database's, which may be this one's pending signals' ids too)."""
+    consumed: set[int] = set()
+    for event in events:
+        if event.kind == EventKind.RESTORED:
+            consumed.clear()
+        elif event.kind == EventKind.SIGNAL_RECEIVED:
+            signal = codec.loads(event.data).get("signal")
+            if isinstance(signal, int):
+                consumed.add(signal)
+    return consumed
 
 
 def owner_is_dead(owner: str | None) -> bool:

@@ -160,8 +160,8 @@ def test_a_truncated_file_and_removed_events_are_refused(saved, db_url, tmp_path
 
 
 def test_a_newer_format_and_a_foreign_file_are_refused(saved, db_url, tmp_path):
-    rewrite(saved, lambda d: d.update(format_version=2))
-    refused(db_url, saved, "format version 2", "reads version 1")
+    rewrite(saved, lambda d: d.update(format_version=3))
+    refused(db_url, saved, "format version 3", "reads versions 1 to 2")
     other = tmp_path / "other.gz"
     other.write_bytes(gzip.compress(b'{"hello": 1}'))
     refused(db_url, other, "not an agentsaga savepoint")
