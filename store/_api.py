@@ -16,8 +16,9 @@ idea each, built here with exactly the collaborators it needs and reached as an 
 Parts share three things and nothing else: the `Dialect` (what differs between SQLite and
 Postgres), the `Boundary` (connections per thread, error translation, retries) and the `Fence`
 (the run lookup and stale-token errors every token-guarded write needs). No part knows the Store
-or another part. The one transaction that spans two ideas, an append that also consumes signals,
-calls `_signals.consume_in_transaction` from the journal (`_journal.py`).
+or another part. The transactions that span two ideas: an append that also consumes signals calls
+`_signals.consume_in_transaction` from the journal (`_journal.py`), and a create that queues a
+restored run's signals calls `_signals.insert_in_transaction` (`_create.py`).
 
 Why plain SQL and not the ORM: the hot path must cost about one INSERT+COMMIT through the
 driver, and an ORM session (identity map, unit of work, result processing) costs several times
