@@ -52,6 +52,8 @@ def _result_json(res: RunResult) -> dict[str, Any]:
            "error": res.error, "failed_step": res.failed_step, "state": json.loads(codec.dumps(state))}
     if res.note:
         out["note"] = res.note
+    if res.in_doubt:
+        out["in_doubt"] = [dict(d) for d in res.in_doubt]
     return out
 
 
@@ -209,8 +211,8 @@ def _nothing_to_recover(args: argparse.Namespace, orc: Any) -> str:
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
-    _print_result(res, args)
-    return 0
+    _print_result(res, args)  # the stderr line names each effect left in doubt, and its key
+    return 1 if res.in_doubt else 0
 
 
 def cmd_signal(args: argparse.Namespace) -> int:
