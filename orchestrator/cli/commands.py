@@ -91,7 +91,8 @@ _RUNS_A_RUN = frozenset({"run", "resume", "recover", "rollback", "signal"})
 EXIT_CODES = """exit codes:
   0  done (run, resume, rollback, signal --resume: the run completed)
   1  the operation failed, or the run ended failed, compensated, compensation_failed or cancelled
-     (run, resume and recover print the run, the failed step and its error on stderr)
+     (run, resume and recover print the run, the failed step and its error on stderr);
+     cancel: an effect of the run was left in doubt (stderr names each step and key; 0 otherwise)
   2  bad usage (unknown option, bad or non-object JSON, unknown --status, a duration without a unit)
   3  verify: the run does not verify
   4  run, resume, rollback, signal --resume: the run is waiting for a signal or a timer"""
@@ -355,7 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("cancel", cmd_cancel, "cancel a run that has not finished")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--reason", default=None)
-    p.add_argument("--compensate", action="store_true", help="undo the run's completed effects first")
+    p.add_argument("--compensate", action="store_true",
+                   help="undo the run's completed effects first (an effect in flight is listed in doubt, "
+                        "never re-sent)")
     add_app_flag(p)
     add_progress_flag(p)
 
