@@ -98,7 +98,7 @@ def headline(kind: str, data: dict[str, Any]) -> str:
     if kind == "RunFailed":
         return f"step {step} failed"
     if kind == "RunCancelled":
-        return f"{data.get('reason')} (by {data.get('by')})"
+        return _in_doubt_first(data, f"{data.get('reason')} (by {data.get('by')})")
     if kind == "SagaStarted":
         return f"compensating ({data.get('reason')})" + (f" after step {step} failed" if step else "")
     if kind in ("CompensationStarted", "CompensationCompleted"):
@@ -107,7 +107,7 @@ def headline(kind: str, data: dict[str, Any]) -> str:
         then = "gave up" if data.get("final") else f"retry in {_seconds(data.get('retry_in'))}"
         return f"effect at seq {data.get('effect')} of step {step}, attempt {data.get('attempt')} failed; {then}"
     if kind == "SagaCompleted":
-        return f"run {data.get('outcome')}"
+        return _in_doubt_first(data, f"run {data.get('outcome')}")
     if kind == "SagaFailed":
         return f"compensating step {step} failed after {data.get('attempts')} attempts"
     if kind == "RolledBack":
@@ -125,6 +125,15 @@ def headline(kind: str, data: dict[str, Any]) -> str:
     return compact(data, 200)
 
 
+def _in_doubt_first(data: dict[str, Any], then: str) -> str:
+    """A run's end that lists effects in doubt says so first, before a long headline is cut."""
+    doubts = [d for d in data.get("in_doubt") or () if isinstance(d, dict)]
+    if not doubts:
+        return then
+    keys = ", ".join(f"{d.get('step')} (key {d.get('key')})" for d in doubts)
+    return f"IN DOUBT: {keys}; {then}"
+
+
 _DETAIL_FIELDS: dict[str, tuple[str, ...]] = {
     "RunStarted": ("input",),
     "StepStarted": ("input",),
@@ -135,7 +144,7 @@ _DETAIL_FIELDS: dict[str, tuple[str, ...]] = {
     "SagaStarted": ("error",),
     "SagaFailed": ("error",),
     "RunFailed": ("error", "uncompensable", "in_doubt"),
-    "RunCancelled": (),
+    "RunCancelled": ("in_doubt",),
     "SagaCompleted": ("uncompensable", "in_doubt"),
     "CallCompleted": ("request", "response"),
     "CallFailed": ("request", "error"),

@@ -197,7 +197,8 @@ class _Builder:
         self.executions: list[Execution] = []
         self.open: dict[str, Execution] = {}
         self.ticks: list[dict[str, Any]] = []
-        self.effects: dict[int, dict[str, Any]] = {}
+        #: by the seq of the event that recorded them (a run's end may list several in doubt: by (seq, n))
+        self.effects: dict[int | tuple[int, int], dict[str, Any]] = {}
         self.sagas: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
         self.breakers: list[dict[str, Any]] = []
@@ -240,10 +241,14 @@ class _Builder:
             self.rejected.append({"event_seq": seq, "at": at, **data})
         elif kind == EventKind.RUN_FAILED:
             self.run_failed = (seq, data)
+            self.listed_in_doubt(seq, data)
         elif kind == EventKind.RUN_CANCELLED:
             self.cancelled = (seq, data)
+            self.listed_in_doubt(seq, data)
         elif kind.startswith(("Saga", "Compensation")) or kind == EventKind.ROLLED_BACK:
             self.saga_event(seq, kind, at, data)
+            if kind == EventKind.SAGA_COMPLETED:
+                self.listed_in_doubt(seq, data)
         elif kind == EventKind.RUN_COMPLETED:
             pass
         elif "breaker" in kind.lower() or "circuit" in kind.lower():
@@ -365,6 +370,23 @@ class _Builder:
         x.ended_at = at
         del self.open[step]
 
+    def listed_in_doubt(self, seq: int, data: dict[str, Any]) -> None:
+        """The run's end (``RunCancelled``, ``SagaCompleted``, ``RunFailed``) lists effects ``in_doubt``:
+        each one not already an effect in doubt (a ``StepFailed`` with ``doubt``) is one now, at that
+        event: an effect in flight when the run was cancelled, which no step event ever settled."""
+        known = {e["key"] for e in self.effects.values() if e["status"] == "in doubt"}
+        for d in data.get("in_doubt") or ():
+            if not isinstance(d, dict) or d.get("key") in known:
+                continue
+            step = d.get("step")
+            x = self.open.get(step) if isinstance(step, str) else None
+            self.effects[(seq, len(known))] = {
+                "seq": seq, "step": step, "key": d.get("key"), "execution": x.index if x else None,
+                "compensable": False, "result": None, "status": "in doubt",
+                "reason": d.get("reason") or "it was in flight when the run ended, and no outcome was journaled",
+                "attempts": 0, "errors": [], "undone_seq": None, "undo_result": None, "undo_trace": []}
+            known.add(d.get("key"))
+
     def step_cancelled(self, seq: int, at: float, data: dict[str, Any], tick: int, epoch: int) -> None:
         """The task driving the run was cancelled during an attempt. One whose function had not been
         called, or of a step with no effect, ended there (the step runs again on resume); an effect's
@@ -466,7 +488,17 @@ class _Builder:
             seq, data = self.cancelled
             return {"kind": "cancelled", "seq": seq, "step": None, "execution": None,
                     "error": {"type": "Cancelled", "message": data.get("reason")},
-                    "message": f"cancelled by {data.get('by')}"}
+                    "message": f"cancelled by {data.get('by')}", "in_doubt": data.get("in_doubt")}
+        # A cancel with compensation journals its saga instead of RunCancelled: what it left in doubt
+        # is on the saga's end.
+        started = next((e for e in reversed(self.sagas) if e["kind"] == EventKind.SAGA_STARTED and
+                        e.get("reason") == "cancel" and e["seq"] > self.since), None)
+        if started is not None:
+            ended = next((e for e in self.sagas if e["kind"] == EventKind.SAGA_COMPLETED and e["seq"] > started["seq"]),
+                         {})
+            return {"kind": "cancelled", "seq": started["seq"], "step": None, "execution": None,
+                    "error": started.get("error") or {"type": "Cancelled", "message": None},
+                    "message": "cancelled with compensation", "in_doubt": ended.get("in_doubt")}
         last = next((x for x in reversed(self.executions)
                      if x.first_seq > self.since and x.failures and x.outcome != "completed"), None)
         if last is not None and self.rec.status in ACTIVE_STATUSES:

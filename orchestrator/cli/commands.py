@@ -52,6 +52,8 @@ def _result_json(res: RunResult) -> dict[str, Any]:
            "error": res.error, "failed_step": res.failed_step, "state": json.loads(codec.dumps(state))}
     if res.note:
         out["note"] = res.note
+    if res.in_doubt:
+        out["in_doubt"] = [dict(d) for d in res.in_doubt]
     return out
 
 
@@ -89,7 +91,8 @@ _RUNS_A_RUN = frozenset({"run", "resume", "recover", "rollback", "signal"})
 EXIT_CODES = """exit codes:
   0  done (run, resume, rollback, signal --resume: the run completed)
   1  the operation failed, or the run ended failed, compensated, compensation_failed or cancelled
-     (run, resume and recover print the run, the failed step and its error on stderr)
+     (run, resume and recover print the run, the failed step and its error on stderr);
+     cancel: an effect of the run was left in doubt (stderr names each step and key; 0 otherwise)
   2  bad usage (unknown option, bad or non-object JSON, unknown --status, a duration without a unit)
   3  verify: the run does not verify
   4  run, resume, rollback, signal --resume: the run is waiting for a signal or a timer"""
@@ -209,8 +212,8 @@ def _nothing_to_recover(args: argparse.Namespace, orc: Any) -> str:
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
-    _print_result(res, args)
-    return 0
+    _print_result(res, args)  # the stderr line names each effect left in doubt, and its key
+    return 1 if res.in_doubt else 0
 
 
 def cmd_signal(args: argparse.Namespace) -> int:
@@ -353,7 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("cancel", cmd_cancel, "cancel a run that has not finished")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--reason", default=None)
-    p.add_argument("--compensate", action="store_true", help="undo the run's completed effects first")
+    p.add_argument("--compensate", action="store_true",
+                   help="undo the run's completed effects first (an effect in flight is listed in doubt, "
+                        "never re-sent)")
     add_app_flag(p)
     add_progress_flag(p)
 

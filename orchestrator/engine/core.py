@@ -36,7 +36,7 @@ from orchestrator.engine.leases import Heartbeat
 from orchestrator.engine.reading import read_state, recorded_reducers
 from orchestrator.engine.registry import WorkflowRegistry
 from orchestrator.engine.result import RunResult
-from orchestrator.engine.saga import SagaRunner, has_pending_effects
+from orchestrator.engine.saga import SagaRunner, has_pending_effects, in_flight_doubts, run_in_doubt
 from orchestrator.engine.services import ToolsForSteps
 from orchestrator.engine import savepoints
 from orchestrator.engine.snapshots import (
@@ -403,11 +403,20 @@ class Engine:
             raise RunStateError(f"run {run_id!r} is already {rec.status}; nothing to cancel")
         run = self.take_over(rec)
         why = reason or "cancelled by request"
-        if compensate and has_pending_effects(run.folded):
+        # An effect in flight (its intent journaled, not its outcome: its process was killed, or is
+        # fenced by this cancel with its request out) may stand. A cancel neither re-sends it (that
+        # would make the effect it is stopping) nor asks its check hook (a "not found" now cannot
+        # exclude a request the service is still processing, and nothing would re-send it after): it is
+        # recorded in doubt, with the saga when one runs (even with nothing to undo), else here.
+        doubts = in_flight_doubts(run.folded)
+        if compensate and (has_pending_effects(run.folded) or doubts):
             self.journal.commit(run, [(EventKind.SAGA_STARTED, {"reason": "cancel", "after_seq": 0,
                                                         "error": {"type": "Cancelled", "message": why}})])
             return await self.drive(run)
-        self.journal.commit(run, [(EventKind.RUN_CANCELLED, {"reason": why, "by": self.config.owner})])
+        data: dict[str, Any] = {"reason": why, "by": self.config.owner}
+        if doubts:
+            data["in_doubt"] = doubts
+        self.journal.commit(run, [(EventKind.RUN_CANCELLED, data)])
         return make_result(run_id, run.workflow, run.folded)
 
     async def compensate(self, run_id: str) -> RunResult:
@@ -611,5 +620,7 @@ def make_result(run_id: str, wf: Workflow | None, folded: RunState, *, status: s
     error = None
     if folded.error:
         error = f"{folded.error.get('type')}: {folded.error.get('message')}"
+    ended = (status or folded.status) in TERMINAL_STATUSES
     return RunResult(run_id=run_id, status=status or folded.status, state=state,
-                     workflow=wf.name if wf else "", seq=folded.seq, error=error, note=note)
+                     workflow=wf.name if wf else "", seq=folded.seq, error=error, note=note,
+                     in_doubt=tuple(run_in_doubt(folded)) if ended else ())

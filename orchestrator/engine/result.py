@@ -25,6 +25,9 @@ class RunResult:
     ``note`` says how the state was read when it was read without the workflow's code (``result``
     of a run whose workflow is not registered): from which snapshot, and which fields were merged
     by replacement because their reducer is the workflow's own.
+    ``in_doubt`` lists each effect of an ended run that may have taken effect and was not undone
+    (``{"step", "key", "reason"}``): its step failed after its key left, or it was in flight when the
+    run was cancelled (docs/sagas.md, "In doubt after a failure").
     """
 
     run_id: str
@@ -35,6 +38,7 @@ class RunResult:
     error: str | None = None
     note: str | None = None
     failed_step: str | None = None
+    in_doubt: tuple[dict[str, Any], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -54,4 +58,8 @@ class RunResult:
         """One line saying how the run ended and why: ``run 'r1' failed at step 'pay': ValueError: declined``."""
         where = f" at step {self.failed_step!r}" if self.failed_step else ""
         detail = f": {self.error}" if self.error else ""
+        if self.in_doubt and self.status == "cancelled":  # a failed run's error names them already
+            names = ", ".join(f"{d.get('step')} (key {d.get('key')})" for d in self.in_doubt)
+            detail += (f"; these effects may have taken effect and were NOT undone (in doubt): {names}; look each "
+                       "key up at its service and undo what stands by hand")
         return f"run {self.run_id!r} ended {self.status}{where}{detail}"

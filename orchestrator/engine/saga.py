@@ -38,7 +38,7 @@ from orchestrator.errors import EncodingError
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 
-__all__ = ["SagaRunner", "effect_records", "has_pending_effects", "in_doubt_error"]
+__all__ = ["SagaRunner", "effect_records", "has_pending_effects", "in_doubt_error", "in_flight_doubts", "run_in_doubt"]
 
 
 def effect_records(folded: RunState) -> list[EffectRecord]:
@@ -53,6 +53,32 @@ def effect_records(folded: RunState) -> list[EffectRecord]:
 
 def has_pending_effects(folded: RunState) -> bool:
     return any(not e["compensated"] for e in folded.effects)
+
+
+def in_flight_doubts(folded: RunState) -> list[dict[str, Any]]:
+    """The effects whose intent (``StepStarted`` with its key) is journaled but not their outcome:
+    ``{"step", "key", "reason"}`` each. While the run goes on, a resume settles them; a run that ends
+    with one (a cancel that met it in flight) can say only that it may have taken effect."""
+    out = []
+    for step, intent in folded.in_flight.items():
+        key = intent.get("key")
+        if not key:
+            continue  # a plain step's start: it promised nothing to the outside world
+        if intent.get("key_issued"):
+            why = ("it was in flight when the run ended: its idempotency key had left the process with its "
+                   "request, and no outcome was journaled")
+        else:
+            why = ("it was in flight when the run ended: its function had started and no outcome was "
+                   "journaled (its key had not left the process; a call made another way may have acted)")
+        out.append({"step": step, "key": key, "reason": why})
+    return out
+
+
+def run_in_doubt(folded: RunState) -> list[dict[str, Any]]:
+    """Every effect of an ended run that may stand without a result to undo it with: those whose
+    step failed for good after its key left (``doubts``), then those still in flight."""
+    doubts = [{"step": d["step"], "key": d.get("key"), "reason": d.get("reason")} for d in folded.doubts]
+    return doubts + in_flight_doubts(folded)
 
 
 def _doubt_words(doubts: list[dict[str, Any]]) -> str:
@@ -114,8 +140,7 @@ class SagaRunner:
         # Effects that may stand but have no result to undo them with cannot be planned: say so. Those
         # whose step failed for good after its key left (``doubts``), and those whose intent is
         # journaled but not their outcome (a run cancelled with an effect in flight).
-        in_doubt = [{"step": d["step"], "key": d.get("key"), "reason": d.get("reason")} for d in folded.doubts]
-        in_doubt += [{"step": step, "key": d.get("key")} for step, d in folded.in_flight.items() if d.get("key")]
+        in_doubt = run_in_doubt(folded)
         reason = saga.get("reason", "failure")
         if reason == "rollback":
             commit(run, [(EventKind.ROLLED_BACK, {

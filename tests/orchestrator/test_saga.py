@@ -310,7 +310,10 @@ def test_cancel_with_compensate_undoes_completed_effects(make):
     assert result.status == "cancelled"
     assert world.cancelled == ["hotel-2", "flight-1"]
     # And the car, in doubt when the process died, is reported rather than silently forgotten
-    assert orc.history("t8")[-1]["data"]["in_doubt"] == [{"step": "book_car", "key": "t8:book_car:2"}]
+    doubt = orc.history("t8")[-1]["data"]["in_doubt"]
+    assert [(d["step"], d["key"]) for d in doubt] == [("book_car", "t8:book_car:2")]
+    assert doubt[0]["reason"].startswith("it was in flight when the run ended")
+    assert [d["key"] for d in result.in_doubt] == ["t8:book_car:2"]
 
 
 def test_rollback_with_a_forced_next_step_takes_the_other_route(make):

@@ -1,0 +1,38 @@
+"""Workflows for the cancel-with-an-effect-in-flight tests (test_cancel_in_doubt.py), in a module of
+their own so that `agentsaga cancel --app tests/orchestrator/cancelflow.py` finds the same code the
+test drives. The service's URL is in the run's input (`api`)."""
+
+from __future__ import annotations
+
+from workflows import END, Workflow
+
+
+def cancel_flight(ctx, effect):
+    ctx.http.delete(f"{effect.result['api']}/flights/{effect.result['flight']}")
+
+
+def refund(ctx, effect):
+    ctx.http.delete(f"{effect.result['api']}/payments/{effect.result['payment']}")
+
+
+def pay(ctx, state):
+    answer = ctx.http.post(f"{state['api']}/payments", json={"amount": 30}).json()  # the key goes with it
+    return {"payment": answer["id"], "api": state["api"]}
+
+
+def book_flight(ctx, state):
+    answer = ctx.http.post(f"{state['api']}/flights", json={"to": "Lisbon"}).json()
+    return {"flight": answer["id"], "api": state["api"]}
+
+
+# The payment is the run's only effect.
+checkout = Workflow("checkout")
+checkout.step(pay, start=True, compensate=refund)
+checkout.edge("pay", END)
+
+# A flight booked (a completed effect) before the payment.
+trip = Workflow("trip")
+trip.step(book_flight, start=True, compensate=cancel_flight, resend=True)
+trip.step(pay, compensate=refund)
+trip.edge("book_flight", "pay")
+trip.edge("pay", END)
