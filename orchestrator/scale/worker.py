@@ -38,8 +38,8 @@ How the work is laid out, and why:
   thread ends, then released (engine/driver.py), and the worker waits up to ``_HAND_BACK_GRACE``
   for that. A sync step running inline holds its slot: the worker waits as long for it. A run still
   in such a step after the grace is *abandoned*: this process writes nothing more of it
-  (``JournalWriter.revoke``), and its lease is not released, since the step may still be sending
-  (a request in flight) until the process exits, which the process cannot release after. A worker
+  (``JournalWriter.revoke``), and its lease is not released: the step may still be sending (a
+  request in flight) until the process exits, and nothing releases a lease after that. A worker
   that closes its Orchestrator stops renewing it, so it expires ``lease_ttl`` after its last renewal
   and another worker takes the run then; with an Orchestrator given (it stays open), it is renewed
   until the step ends and released then. A step that returns after its run was abandoned is
