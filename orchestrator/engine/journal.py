@@ -35,7 +35,7 @@ from orchestrator.engine.snapshots import SnapshotChain, SnapshotMeta, restore_r
 from orchestrator.engine.views import copy_json
 from orchestrator.payload import codec
 from orchestrator.payload.redact import JournalRedactor
-from store import NewEvent, Store, StoreError
+from store import FencedError, NewEvent, Store, StoreError
 from workflows import Snapshots, Workflow, reducers
 from workflows.errors import ReducerError
 
@@ -186,6 +186,8 @@ class JournalWriter:
         self.driving = 0
         self._driving_lock = threading.Lock()
         self.committer = GroupCommitter(store, lanes=1 if store.dialect == "sqlite" else 4)
+        #: (run_id, lease token) of runs this process gave up while code of them may still run here
+        self._revoked: set[tuple[str, int]] = set()
 
     def policy(self, workflow: Workflow) -> Snapshots:
         """When ``workflow``'s runs are snapshotted: its own policy, else the default."""
@@ -305,6 +307,13 @@ class JournalWriter:
         for observer in self.observers:
             observer(run, events)
 
+    def revoke(self, run_id: str, token: int) -> None:
+        """This process gives run ``run_id`` up under lease ``token`` while code of it may still run
+        here (a worker stopping while a step is stuck inline or runs on a thread): from now on every
+        commit of it made here raises ``FencedError``, as one after a takeover would, so a step that
+        returns late journals nothing. Appends already handed to the group committer still land."""
+        self._revoked.add((run_id, token))
+
     def _start(self, run: ActiveRun, texts: list[tuple[str, str]], trigger: str | None,
                consume_signals: list[int] | None, workflow_version: tuple[str, str] | None,
                future: asyncio.Future | None) -> tuple[list[NewEvent], dict[str, Any] | None, Entry | None]:
@@ -315,6 +324,10 @@ class JournalWriter:
         with run.lock:
             if run.broken is not None:
                 raise run.broken
+            if (run.run_id, run.token) in self._revoked:
+                raise FencedError(f"run {run.run_id!r}: this process gave the run up under lease token {run.token} "
+                                  "(its worker stopped while this step still ran); nothing more of it is "
+                                  "journaled here", run_id=run.run_id, token=run.token)
             try:
                 events, item, snap = self._prepare(run, texts, trigger, consume_signals, workflow_version)
             except UpdateRefused:

@@ -31,9 +31,19 @@ How the work is laid out, and why:
 - **Stopping.** On SIGTERM or SIGINT the worker stops claiming and lets in-flight runs finish for
   up to ``drain`` seconds; then it hands the rest back: each stops at its next step boundary (an
   awaiting async step is cancelled) and its lease is released, so another worker takes it at once
-  instead of after the lease expires (a run whose sync step runs on a thread keeps it until that
-  thread ends: engine/driver.py). A step still running then is in doubt like after a crash
+  instead of after the lease expires. A step still running then is in doubt like after a crash
   (effects are re-sent with the same idempotency key). A second signal skips the wait.
+  A lease is released only once no code of this process can act for the run any more (invariant
+  6). A sync step running on a thread cannot be stopped: its run's lease is kept (renewed) until the
+  thread ends, then released (engine/driver.py), and the worker waits up to ``_HAND_BACK_GRACE``
+  for that. A sync step running inline holds its slot: the worker waits as long for it. A run still
+  in such a step after the grace is *abandoned*: this process writes nothing more of it
+  (``JournalWriter.revoke``), and its lease is not released: the step may still be sending (a
+  request in flight) until the process exits, and nothing releases a lease after that. A worker
+  that closes its Orchestrator stops renewing it, so it expires ``lease_ttl`` after its last renewal
+  and another worker takes the run then; with an Orchestrator given (it stays open), it is renewed
+  until the step ends and released then. A step that returns after its run was abandoned is
+  neither a failure nor a completion: it is logged, counted nowhere else.
 - **Runs it cannot drive.** A worker drives only the workflows it was given (registered code,
   invariant 11: a run names its workflow, never a module to import). A run of another workflow (or
   whose graph changed) is released, not failed, with an error in the log, and this worker does not
@@ -44,6 +54,7 @@ How the work is laid out, and why:
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import queue as queue_mod
 import signal
@@ -224,13 +235,17 @@ class Worker:
         self._running: dict[str, tuple[int, _Slot | None]] = {}  # run_id -> (token, slot)
         self._by_queue: dict[str, int] = {}
         self._handing_back: set[str] = set()
+        #: runs handed back whose lease the engine keeps while a sync step of them runs on a thread
+        self._thread_held: dict[str, int] = {}  # run_id -> token
+        #: runs given up at shutdown while a step of them still ran here (see "Stopping" above)
+        self._abandoned: set[str] = set()
         self._skip: dict[str, float] = {}  # run_id -> monotonic time until which it is left alone
         self._slots: list[_Slot] = []
         self._listener: NotifyListener | None = None
         self._rotate = 0
         #: counters for `stats` and benchmarks (this process only)
         self.counts = {"claimed": 0, "completed": 0, "handed_back": 0, "fenced": 0, "failed_recoveries": 0,
-                       "dead": 0, "skipped": 0}
+                       "dead": 0, "skipped": 0, "abandoned": 0}
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def run(self, *, install_signals: bool = True) -> None:
@@ -417,14 +432,21 @@ class Worker:
                 self._release(run_id, token)  # a run the journal says is not runnable: do not sit on it
             self._count("completed", int(status in TERMINAL_STATUSES))
         except (FencedError, asyncio.CancelledError) as exc:
-            if run_id in self._handing_back or isinstance(exc, asyncio.CancelledError):
-                # A cancelled drive gives its lease back itself, or keeps it (still renewed) until a
-                # sync step's thread that cannot be stopped ends: never release under that thread.
-                if not orc.engine.heartbeat.holds(run_id):
-                    self._release(run_id, token)
-                self._count("handed_back")
+            if run_id in self._abandoned:
+                self._returned_late(run_id, token, exc)
+            elif run_id in self._handing_back or isinstance(exc, asyncio.CancelledError):
                 status = "handed_back"
-                _log.info("run %s handed back (lease released for another worker)", run_id)
+                if orc.engine.heartbeat.holds(run_id):
+                    # A cancelled drive keeps the lease (still renewed) while a sync step's thread
+                    # that cannot be stopped runs, and releases it when that thread ends: never
+                    # release under that thread. _hand_back waits for it.
+                    with self._lock:
+                        self._thread_held[run_id] = token
+                    _log.info("run %s handed back; its lease is kept until its step's thread ends", run_id)
+                else:
+                    self._release(run_id, token)
+                    self._count("handed_back")
+                    _log.info("run %s handed back (lease released for another worker)", run_id)
             else:
                 self._count("fenced")
                 _log.warning("run %s: lease lost, abandoned (%s: %s)", run_id, type(exc).__name__, exc)
@@ -438,9 +460,15 @@ class Worker:
             _log.error("run %s left for another worker: this one cannot drive it: %s", run_id, exc)
             self._release(run_id, token)
         except StoreUnavailableError as exc:
+            if run_id in self._abandoned:
+                self._returned_late(run_id, token, exc)
+                return
             _log.error("run %s: the database is unavailable; its lease will expire and it will be recovered: %s",
                        run_id, exc)
         except Exception as exc:
+            if run_id in self._abandoned:  # e.g. its next store call met the store closed at shutdown
+                self._returned_late(run_id, token, exc)
+                return
             self._count("failed_recoveries")
             error = f"{type(exc).__name__}: {exc}"
             try:
@@ -451,6 +479,19 @@ class Worker:
         finally:
             if self.tracing is not None:
                 self.tracing.end_run(run_id, status, clock(), error=error)
+
+    def _returned_late(self, run_id: str, token: int, exc: BaseException) -> None:
+        """A step of a run abandoned at shutdown returned after all. Not the run's failure (nothing of
+        it was journaled: the run is as the journal had it, resumable), and counted nowhere: the run
+        was counted as abandoned. With an Orchestrator that stays open, nothing of this process acts
+        for the run any more now: its lease is released. Otherwise it is left to expire."""
+        if self._owns_orc:
+            _log.info("run %s: its step returned after the worker gave the run up; nothing of it was journaled "
+                      "(%s: %s)", run_id, type(exc).__name__, exc)
+            return
+        self._release(run_id, token)
+        _log.info("run %s: its step returned after the worker gave the run up; nothing of it was journaled, "
+                  "its lease is released now (%s: %s)", run_id, type(exc).__name__, exc)
 
     def _release(self, run_id: str, token: int) -> None:
         try:
@@ -469,36 +510,87 @@ class Worker:
         while self._running and time.monotonic() < deadline and not self._hurry:
             self._wake.wait(0.1)
             self._wake.clear()
+        kept: dict[str, str] = {}
         if self._running:
-            self._hand_back()
+            kept = self._hand_back()
         for _ in self._slots:
             self._inbox.put(None)
+        with self._lock:
+            stuck = {slot for _token, slot in self._running.values()}
         end = time.monotonic() + 2.0
-        for slot in self._slots:  # a slot stuck in a sync step is a daemon thread: leave it behind
-            slot.join(timeout=max(0.0, end - time.monotonic()))
+        for slot in self._slots:
+            if slot not in stuck:  # a slot stuck in a sync step is a daemon thread: leave it behind
+                slot.join(timeout=max(0.0, end - time.monotonic()))
         if self._owns_orc:
+            self.orc.engine.heartbeat.stop()  # no more renewals: a lease kept runs out from its last one
+            for run_id, where in kept.items():
+                _log.warning("run %s: a step was still running %s when the worker stopped; its lease is kept "
+                             "until it expires%s, not released while the step could still act (a request "
+                             "in flight); another worker takes the run then", run_id, where, self._expiry(run_id))
             self.orc.close()
+        else:
+            for run_id, where in kept.items():
+                _log.warning("run %s: a step was still running %s when the worker stopped; its lease is kept, "
+                             "renewed by this process, until the step ends, and released then", run_id, where)
         _log.info("worker %s stopped: %s", self.owner, self.counts)
 
-    def _hand_back(self) -> None:
+    def _expiry(self, run_id: str) -> str:
+        """' at <UTC time> (in N s)' for a run's lease held by this worker, or '' if it cannot tell."""
+        try:
+            rec = self.store.get_run(run_id)
+        except (StoreError, RunNotFoundError):
+            return ""
+        if rec.lease_owner != self.owner or rec.lease_expires_at is None:
+            return ""
+        at = datetime.datetime.fromtimestamp(rec.lease_expires_at, datetime.timezone.utc)
+        left = rec.lease_expires_at - self.orc.engine.config.clock()
+        return f" at {at.isoformat(timespec='seconds').replace('+00:00', 'Z')} (in {max(0.0, left):.0f}s)"
+
+    def _hand_back(self) -> dict[str, str]:
+        """Ask every run in flight to stop, wait up to the grace for each to be given back, and abandon
+        the rest (a step of them still runs in this process). Returns {run_id: where its step runs}
+        for the runs abandoned, whose leases are kept."""
+        heartbeat = self.orc.engine.heartbeat
         with self._lock:
             running = dict(self._running)
             self._handing_back.update(running)
         for run_id, (_token, slot) in running.items():
-            self.orc.engine.heartbeat.abandon(run_id)
+            heartbeat.abandon(run_id)
             if slot is not None:
                 slot.cancel()
         end = time.monotonic() + _HAND_BACK_GRACE
-        while self._running and time.monotonic() < end:
+        while True:
+            self._settle_threads()
+            if (not self._running and not self._thread_held) or time.monotonic() >= end:
+                break
             self._wake.wait(0.05)
             self._wake.clear()
-        # Still running: stuck in a sync step that cannot be interrupted. Release anyway; a late
-        # append of ours is fenced once another worker has claimed the run.
+        # Still running: inline in a slot (a sync step cannot be interrupted), or on a thread. The step
+        # may still act (a request in flight) until this process exits, and nothing can release the
+        # lease after that: keep it. Nothing more of the run is journaled here from now on.
         with self._lock:
-            stuck = dict(self._running)
-        for run_id, (token, _slot) in stuck.items():
-            _log.warning("run %s is still in a step; releasing its lease anyway", run_id)
-            self._release(run_id, token)
+            kept = {run_id: (token, "inline") for run_id, (token, _slot) in self._running.items()}
+            kept.update({run_id: (token, "on a thread") for run_id, token in self._thread_held.items()})
+            self._abandoned.update(kept)
+        for run_id, (token, _where) in kept.items():
+            self.orc.engine.journal.revoke(run_id, token)
+        self._settle_threads()  # a thread that ended just now has released its run's lease
+        with self._lock:
+            kept = {run_id: v for run_id, v in kept.items() if v[1] == "inline" or run_id in self._thread_held}
+        self._count("abandoned", len(kept))
+        return {run_id: where for run_id, (_token, where) in kept.items()}
+
+    def _settle_threads(self) -> None:
+        """Runs handed back while a step thread ran, whose thread has ended: the engine released the
+        lease as it ended (or it was lost meanwhile): handed back now."""
+        heartbeat = self.orc.engine.heartbeat
+        with self._lock:
+            ended = [run_id for run_id in self._thread_held if not heartbeat.holds(run_id)]
+            for run_id in ended:
+                del self._thread_held[run_id]
+        for run_id in ended:
+            self._count("handed_back")
+            _log.info("run %s: its step's thread ended; handed back (lease released for another worker)", run_id)
 
 
 def _check_given(orc: Orchestrator, *, lease_ttl: Any, heartbeat: float | None, limits: Limits, tracing: Any,

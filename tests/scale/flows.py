@@ -172,3 +172,32 @@ def _gated_second(ctx, state):
 
 gated.edge("first", "second")
 gated.edge("second", END)
+
+
+# -- held_inline / held_thread: a sync step that waits for a gate, inline or on a thread ----------------
+# To stop a worker while a step it cannot interrupt still runs: alone in its tick with no timeout the
+# step runs inline on its slot's loop; with a timeout it runs on a thread. The step marks when it is
+# inside and when it returns, so a test sees both moments instead of guessing them.
+def _held(ctx, state):
+    gate = Path(state["gate"])
+    gate.with_name(f"{gate.name}.inside.{ctx.run_id}").touch()
+    wait_for_gate(state["gate"])
+    gate.with_name(f"{gate.name}.returned.{ctx.run_id}").touch()
+    return {"held": True}
+
+
+def _after(ctx, state):
+    return {"after": True}
+
+
+held_inline = Workflow("held_inline")
+held_inline.step(name="hold", start=True)(_held)
+held_inline.step(name="after")(_after)
+held_inline.edge("hold", "after")
+held_inline.edge("after", END)
+
+held_thread = Workflow("held_thread")
+held_thread.step(name="hold", start=True, timeout=600)(_held)
+held_thread.step(name="after")(_after)
+held_thread.edge("hold", "after")
+held_thread.edge("after", END)
