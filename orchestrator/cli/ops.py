@@ -85,6 +85,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker = Worker(args.db, workflows, compensations=compensations, concurrency=args.concurrency,
                         queues=args.queue or None, lease_ttl=args.lease_ttl, heartbeat=args.heartbeat,
                         poll=args.poll, limits=limits, max_failures=args.max_failures, drain=args.drain,
+                        hand_back_grace=args.hand_back_grace,
                         tracing=args.otel, redact=config.redact_patterns, redact_fields=config.redact_fields)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
@@ -166,6 +167,9 @@ def add_ops_verbs(sub: Any, verb: Verb) -> None:
                    help="longest idle wait between looks without NOTIFY (default 2)")
     p.add_argument("--drain", type=float, default=20.0, metavar="S",
                    help="on SIGTERM, seconds in-flight runs may take before being handed back (default 20)")
+    p.add_argument("--hand-back-grace", type=float, default=5.0, metavar="S",
+                   help="then, seconds a sync step still running may take to end before its run is abandoned "
+                        "with its lease kept until it expires (default 5)")
     p.add_argument("--max-failures", type=int, default=DEFAULT_MAX_FAILURES, metavar="N",
                    help=f"failed recoveries before a run goes dead (default {DEFAULT_MAX_FAILURES})")
     p.add_argument("--queue-concurrency", action="append", metavar="Q=N",

@@ -35,7 +35,7 @@ How the work is laid out, and why:
   (effects are re-sent with the same idempotency key). A second signal skips the wait.
   A lease is released only once no code of this process can act for the run any more (invariant
   6). A sync step running on a thread cannot be stopped: its run's lease is kept (renewed) until the
-  thread ends, then released (engine/driver.py), and the worker waits up to ``_HAND_BACK_GRACE``
+  thread ends, then released (engine/driver.py), and the worker waits up to ``hand_back_grace``
   for that. A sync step running inline holds its slot: the worker waits as long for it. A run still
   in such a step after the grace is *abandoned*: this process writes nothing more of it
   (``JournalWriter.revoke``), and its lease is not released: the step may still be sending (a
@@ -157,6 +157,8 @@ class Worker:
     - ``limits``: a ``Limits`` (queue concurrency and rate, in-flight calls per tool)
     - ``max_failures`` (10): failed recoveries before a run goes ``dead``
     - ``drain`` (20 s): on stop, how long in-flight runs may take to finish before being handed back
+    - ``hand_back_grace`` (5 s): then, how long a sync step that cannot be interrupted (inline, or on
+      a thread) may take to end before its run is abandoned with its lease kept (docs/scale.md)
     - ``skip_for`` (60 s): how long a run this worker cannot import is left to other workers
     - ``tracing`` (False): OpenTelemetry spans per run and step (needs the ``otel`` extra); True
       for the global tracer provider, or a provider
@@ -167,7 +169,7 @@ class Worker:
                  concurrency: int = 4, queues: Sequence[str] | None = None, lease_ttl: float | None = None,
                  heartbeat: float | None = None, poll: float = 2.0, limits: Limits | None = None,
                  max_failures: int = DEFAULT_MAX_FAILURES, drain: float = 20.0, skip_for: float = 60.0,
-                 tracing: Any = False, owner: str | None = None,
+                 hand_back_grace: float = _HAND_BACK_GRACE, tracing: Any = False, owner: str | None = None,
                  store_options: dict[str, Any] | None = None, redact: Iterable[str] = (),
                  redact_fields: Iterable[str] = (), compensations: Compensations | None = None) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -179,6 +181,7 @@ class Worker:
             raise ConfigurationError("queues is empty: give at least one queue name, or None for every queue")
         self.poll = _seconds(poll, "poll")
         self.drain = _seconds(drain, "drain", zero=True)
+        self.hand_back_grace = _seconds(hand_back_grace, "hand_back_grace", zero=True)
         self.skip_for = _seconds(skip_for, "skip_for", zero=True)
         if limits is not None and not isinstance(limits, Limits):
             raise ConfigurationError(f"limits must be a Limits, got {limits!r}")
@@ -558,7 +561,7 @@ class Worker:
             heartbeat.abandon(run_id)
             if slot is not None:
                 slot.cancel()
-        end = time.monotonic() + _HAND_BACK_GRACE
+        end = time.monotonic() + self.hand_back_grace
         while True:
             self._settle_threads()
             if (not self._running and not self._thread_held) or time.monotonic() >= end:

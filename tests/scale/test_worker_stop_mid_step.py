@@ -60,7 +60,8 @@ def test_a_step_thread_that_ends_within_the_grace_keeps_the_lease_until_then_and
     with Orchestrator(db_url, workflows=[held]) as orc:
         run_id = enqueue_held(orc, held, gate)
         procs = workers(db_url)
-        proc, log = procs.start(target("held_thread"), args=("--drain", "0"))
+        # (a grace far longer than the test needs: the gate opens while the worker waits, however slow)
+        proc, log = procs.start(target("held_thread"), args=("--drain", "0", "--hand-back-grace", "600"))
         wait_for(lambda: gate.with_name(f"gate.inside.{run_id}").exists(), timeout=HANG, what="the step")
         owner = owner_of(log)
         # When it gets SIGTERM
@@ -69,8 +70,6 @@ def test_a_step_thread_that_ends_within_the_grace_keeps_the_lease_until_then_and
         wait_for(lambda: "its lease is kept until its step's thread ends" in log.read_text() or proc.poll() is not None,
                  timeout=HANG, what="the hand-back")
         assert proc.poll() is None, log.read_text()
-        # (read in-process: the gate must open within the worker's 5 s wait, which a CLI start on a
-        # loaded machine may take)
         assert orc.get_run(run_id).lease_owner == owner
         # And once the thread ends, the lease is released at once and the worker exits 0
         gate.touch()
@@ -100,7 +99,8 @@ def test_a_step_still_running_after_the_grace_keeps_its_lease_until_it_expires(d
     with Orchestrator(db_url, workflows=[held]) as orc:
         run_id = enqueue_held(orc, held, gate)
         procs = workers(db_url)
-        proc, log = procs.start(target(flow), args=("--drain", "0", "--lease-ttl", "3"))
+        # (a short grace: the step is held on its gate until the worker has given the run up)
+        proc, log = procs.start(target(flow), args=("--drain", "0", "--lease-ttl", "3", "--hand-back-grace", "0.2"))
         wait_for(lambda: gate.with_name(f"gate.inside.{run_id}").exists(), timeout=HANG, what="the step")
         owner = owner_of(log)
         # When it gets SIGTERM, and the step ends only once the worker has given the run up (inline,
@@ -140,7 +140,7 @@ def test_an_inline_step_returning_after_its_worker_stopped_is_neither_failed_nor
     caplog.set_level(logging.INFO, logger="agentsaga")
     with Orchestrator(db_url, workflows=[held]) as orc:
         run_id = enqueue_held(orc, held, gate)
-        tw = thread_worker(Worker(db_url, [held], drain=0, lease_ttl=3))
+        tw = thread_worker(Worker(db_url, [held], drain=0, lease_ttl=3, hand_back_grace=0.2))
         wait_for(lambda: gate.with_name(f"gate.inside.{run_id}").exists(), timeout=HANG, what="the step")
         slots = list(tw.worker._slots)
         # When the worker stops (giving the run up after the grace, its store closed) and only then
@@ -171,7 +171,7 @@ def test_with_an_orchestrator_given_an_abandoned_inline_step_keeps_the_lease_ren
     caplog.set_level(logging.INFO, logger="agentsaga")
     with Orchestrator(db_url, workflows=[held], lease_ttl=3) as orc:
         run_id = enqueue_held(orc, held, gate)
-        tw = thread_worker(Worker(orc, [held], drain=0))
+        tw = thread_worker(Worker(orc, [held], drain=0, hand_back_grace=0.2))
         wait_for(lambda: gate.with_name(f"gate.inside.{run_id}").exists(), timeout=HANG, what="the step")
         slots = list(tw.worker._slots)
         # When the worker stops while the step still runs
