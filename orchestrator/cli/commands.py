@@ -92,7 +92,8 @@ EXIT_CODES = """exit codes:
   0  done (run, resume, rollback, signal --resume: the run completed)
   1  the operation failed, or the run ended failed, compensated, compensation_failed or cancelled
      (run, resume and recover print the run, the failed step and its error on stderr);
-     cancel: an effect of the run was left in doubt (stderr names each step and key; 0 otherwise)
+     cancel: an effect of the run was left in doubt (stderr names each step and key), or a
+     compensation failed (the run is compensation_failed); 0 otherwise
   2  bad usage (unknown option, bad or non-object JSON, unknown --status, a duration without a unit)
   3  verify: the run does not verify
   4  run, resume, rollback, signal --resume: the run is waiting for a signal or a timer"""
@@ -213,7 +214,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with _orchestrator(args, app=True, existing=True) as orc:
         res = orc.cancel(args.run_id, reason=args.reason, compensate=args.compensate)
     _print_result(res, args)  # the stderr line names each effect left in doubt, and its key
-    return 1 if res.in_doubt else 0
+    # Something of the run stands that was meant to be undone: an effect in doubt, or a compensation
+    # that failed (the run is compensation_failed, as `compensate` reports it).
+    return 1 if res.in_doubt or res.status == "compensation_failed" else 0
 
 
 def cmd_signal(args: argparse.Namespace) -> int:

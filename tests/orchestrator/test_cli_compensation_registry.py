@@ -192,6 +192,29 @@ def test_cancel_compensate_with_the_app_undoes_the_effect_with_the_apps_registry
     assert [e["data"]["outcome"] for e in events if e["kind"] == "SagaCompleted"] == ["cancelled"]
 
 
+#: The app of ``app.py`` whose compensation of the flight fails for good.
+REFUSING = APP.replace('@undo.compensates("book_flight")',
+                       '@undo.compensates("book_flight", policy=CompensationPolicy(permanent=(ValueError,)))').replace(
+    '        ledger.write(f"cancel {effect.result[\'flight\']}\\n")\n',
+    '        ledger.write(f"refused {effect.result[\'flight\']}\\n")\n    raise ValueError("the airline refuses")\n').replace(
+    "from compensations import Compensations", "from compensations import CompensationPolicy, Compensations")
+
+
+def test_cancel_compensate_whose_compensation_fails_exits_1_naming_it(project, db_url):
+    # Given a run waiting after booking a flight, whose compensation the airline refuses
+    (project / "app.py").write_text(REFUSING, encoding="utf-8")
+    assert 'raise ValueError("the airline refuses")' in REFUSING and "permanent=(ValueError,)" in REFUSING
+    start_waiting(project, db_url, "t3f")
+    # When it is cancelled from the command line with --compensate
+    done = agentsaga(project, "cancel", "t3f", "--compensate", "--app", "app.py", "--db", db_url)
+    # Then the compensation was tried once and failed: the run is compensation_failed, and the
+    # command says so and exits 1, as `compensate` does
+    assert ledger(project) == "refused F1\n"
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "compensation_failed" in done.stderr and "the airline refuses" in done.stderr, done.stderr
+    assert kinds(history(project, db_url, "t3f"), "CompensationFailed", "SagaCompleted") == ["CompensationFailed"]
+
+
 def test_registries_of_two_app_modules_are_combined(project, db_url):
     # Given an app of two modules, each with a registry: app.py undoes book_flight, hotels.py book_hotel
     (project / "hotels.py").write_text(HOTELS, encoding="utf-8")
