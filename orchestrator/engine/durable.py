@@ -46,6 +46,7 @@ from typing import Any
 
 from orchestrator.engine.context import CALL_SCOPE, CallScope
 from orchestrator.engine.events import EventKind
+from orchestrator.engine.fold import wait_key
 from orchestrator.engine.journal import ActiveRun, Encoded, JournalWriter
 from orchestrator.engine.names import name_problem, shown
 from orchestrator.engine.services import NotJournaled
@@ -156,6 +157,8 @@ class DurableExecution:
         self.visit = run.folded.visits.get(step, 0)
         self._calls = 0
         self._timers = 0
+        #: how many times each signal name was waited for in this step execution
+        self._waits: dict[str, int] = {}
 
     # durable calls
     def _position(self) -> tuple[Position, bool]:
@@ -344,14 +347,20 @@ class DurableExecution:
         if timeout is not None and not _seconds(timeout):
             raise ValueError(f"wait_for timeout must be a finite number of seconds >= 0 (None: no timeout), "
                              f"got {timeout!r}")
-        folded, key = self.run.folded, f"{self.step}:{name}"
+        # The n-th wait for this name in the step execution (a loop waiting for each next message):
+        # each is answered by a signal of its own, and journaled with its number (none for the first,
+        # as journals written before waits were numbered hold them).
+        index = self._waits.get(name, 0)
+        self._waits[name] = index + 1
+        numbered = {"index": index} if index else {}
+        folded, key = self.run.folded, wait_key(self.step, name, index)
         if key in folded.received:
             return folded.received[key]
         pending = self.signals.pending(self.run.run_id, name)
         if pending:
             signal_id, _, data_text, sent_at = pending[0]
             self.journal.commit(self.run, [(EventKind.SIGNAL_RECEIVED, {
-                "step": self.step, "tick": self.tick, "name": name, "data": codec.loads(data_text),
+                "step": self.step, "tick": self.tick, "name": name, **numbered, "data": codec.loads(data_text),
                 "signal": signal_id, "sent_at": sent_at})], consume_signals=[signal_id])
             return folded.received[key]
         now = self.clock()
@@ -365,7 +374,7 @@ class DurableExecution:
             raise WaitTimeoutError(f"step {self.step!r} waited for signal {name!r} until its timeout ({at}) "
                                    "passed; catch WaitTimeoutError in the step to go on without it",
                                    step=self.step, signal=name, timeout_at=timeout_at)
-        raise Suspend(EventKind.WAIT_STARTED, {"step": self.step, "tick": self.tick, "name": name,
+        raise Suspend(EventKind.WAIT_STARTED, {"step": self.step, "tick": self.tick, "name": name, **numbered,
                                                  "timeout_at": timeout_at},
                       FOREVER if timeout_at is None else timeout_at)
 

@@ -325,13 +325,29 @@ def _call_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduc
         "kind": data["kind"], "request": data["request"], "error": data["error"], "attempt": data.get("attempt")}
 
 
+#: between a wait's name and its number in a wait key: a signal name holds no control character
+_WAIT_INDEX = "\x1f"
+
+
+def wait_key(step: str, name: str, index: int = 0) -> str:
+    """The key of a step's ``index``-th wait for signal ``name`` (counted from 0 in the step
+    execution) in ``waits`` and ``received``: ``"step:name"`` for the first, as journals written
+    before waits were numbered hold every wait, then ``"step:name<US>1"``, ..."""
+    return f"{step}:{name}" if not index else f"{step}:{name}{_WAIT_INDEX}{index}"
+
+
+def wait_name(key: str) -> str:
+    """The signal name of a ``wait_key``."""
+    return key.split(":", 1)[1].split(_WAIT_INDEX, 1)[0]
+
+
 def _wait_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     run.status = "waiting"
-    run.waits[f"{data['step']}:{data['name']}"] = {"timeout_at": data.get("timeout_at")}
+    run.waits[wait_key(data["step"], data["name"], data.get("index") or 0)] = {"timeout_at": data.get("timeout_at")}
 
 
 def _signal_received(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
-    run.received[f"{data['step']}:{data['name']}"] = data.get("data")
+    run.received[wait_key(data["step"], data["name"], data.get("index") or 0)] = data.get("data")
 
 
 def _timer_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
