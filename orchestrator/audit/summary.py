@@ -247,7 +247,7 @@ class _Builder:
             self.listed_in_doubt(seq, data)
         elif kind.startswith(("Saga", "Compensation")) or kind == EventKind.ROLLED_BACK:
             self.saga_event(seq, kind, at, data)
-            if kind == EventKind.SAGA_COMPLETED:
+            if kind in (EventKind.SAGA_COMPLETED, EventKind.SAGA_FAILED):
                 self.listed_in_doubt(seq, data)
         elif kind == EventKind.RUN_COMPLETED:
             pass
@@ -371,9 +371,10 @@ class _Builder:
         del self.open[step]
 
     def listed_in_doubt(self, seq: int, data: dict[str, Any]) -> None:
-        """The run's end (``RunCancelled``, ``SagaCompleted``, ``RunFailed``) lists effects ``in_doubt``:
-        each one not already an effect in doubt (a ``StepFailed`` with ``doubt``) is one now, at that
-        event: an effect in flight when the run was cancelled, which no step event ever settled."""
+        """The run's end (``RunCancelled``, ``SagaCompleted``, ``SagaFailed``, ``RunFailed``) lists
+        effects ``in_doubt``: each one not already an effect in doubt (a ``StepFailed`` with
+        ``doubt``) is one now, at that event: an effect in flight when the run was cancelled, which no
+        step event ever settled."""
         known = {e["key"] for e in self.effects.values() if e["status"] == "in doubt"}
         for d in data.get("in_doubt") or ():
             if not isinstance(d, dict) or d.get("key") in known:
@@ -514,7 +515,8 @@ class _Builder:
             effect = self.effects.get(data.get("effect", -1), {})
             return {"kind": "compensation", "seq": seq, "step": data.get("step"), "error": data.get("error") or {},
                     "execution": effect.get("execution"), "detail": effect.get("errors", [])[-1:] or None,
-                    "message": f"compensating the effect of step {data.get('step')!r} kept failing"}
+                    "message": f"compensating the effect of step {data.get('step')!r} kept failing",
+                    "in_doubt": data.get("in_doubt")}
         cause = self.run_failed
         if cause is None:
             for saga in self.sagas:

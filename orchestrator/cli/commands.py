@@ -111,8 +111,8 @@ def _awaited(orc: Any, res: RunResult) -> list[str]:
         # a wait is the n-th for its name in the step execution (``index``, absent for the first)
         answered = {(e["data"].get("name"), e["data"].get("index") or 0) for e in x.extra
                     if e["kind"] == "SignalReceived"}
-        names += [e["data"]["name"] for e in x.extra
-                  if e["kind"] == "WaitStarted" and (e["data"].get("name"), e["data"].get("index") or 0) not in answered]
+        names += [e["data"]["name"] for e in x.extra if e["kind"] == "WaitStarted"
+                  and (e["data"].get("name"), e["data"].get("index") or 0) not in answered]
     return list(dict.fromkeys(names))
 
 

@@ -343,7 +343,8 @@ def wait_name(key: str) -> str:
 
 def _wait_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     run.status = "waiting"
-    run.waits[wait_key(data["step"], data["name"], data.get("index") or 0)] = {"timeout_at": data.get("timeout_at")}
+    key = wait_key(data["step"], data["name"], data.get("index") or 0)
+    run.waits[key] = {"timeout_at": data.get("timeout_at")}
 
 
 def _signal_received(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:

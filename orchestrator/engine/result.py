@@ -58,7 +58,9 @@ class RunResult:
         """One line saying how the run ended and why: ``run 'r1' failed at step 'pay': ValueError: declined``."""
         where = f" at step {self.failed_step!r}" if self.failed_step else ""
         detail = f": {self.error}" if self.error else ""
-        if self.in_doubt and self.status == "cancelled":  # a failed run's error names them already
+        # A failed run's error names them already; a cancelled one, or one whose compensation failed
+        # (its error is the compensation's), does not.
+        if self.in_doubt and self.status in ("cancelled", "compensation_failed"):
             names = ", ".join(f"{d.get('step')} (key {d.get('key')})" for d in self.in_doubt)
             detail += (f"; these effects may have taken effect and were NOT undone (in doubt): {names}; look each "
                        "key up at its service and undo what stands by hand")

@@ -81,6 +81,14 @@ def run_in_doubt(folded: RunState) -> list[dict[str, Any]]:
     return doubts + in_flight_doubts(folded)
 
 
+def _listed(folded: RunState) -> dict[str, Any]:
+    """What a saga that stops failing adds to its ``SagaFailed``: the effects that may stand without
+    a result to undo them with (``in_doubt``), so the run's end names them as a saga that completes
+    does, whether or not a later ``compensate`` ever succeeds."""
+    doubts = run_in_doubt(folded)
+    return {"in_doubt": doubts} if doubts else {}
+
+
 def _doubt_words(doubts: list[dict[str, Any]]) -> str:
     names = ", ".join(f"{d.get('step')} (key {d.get('key')})" for d in doubts)
     return (f"these effects may have taken effect and were NOT undone (in doubt): {names}; look each key up at "
@@ -132,7 +140,8 @@ class SagaRunner:
                 # the compensation again, ``orc.compensate`` retries the rest.
                 commit(run, [(EventKind.SAGA_FAILED, {
                     "effect": effect.seq, "step": effect.step, "key": effect.key, "attempts": 0,
-                    "error": {"type": "orchestrator.errors.CompensationNotFound", "message": missing}})])
+                    "error": {"type": "orchestrator.errors.CompensationNotFound", "message": missing},
+                    **_listed(folded)})])
                 return
             if not await self._compensate_one(run, effect, handler):
                 return  # SagaFailed committed: compensation_failed
@@ -222,7 +231,7 @@ class SagaRunner:
                 if not retry:
                     commit(run, [(EventKind.SAGA_FAILED, {
                         "effect": effect.seq, "step": effect.step, "key": effect.key, "attempts": attempt,
-                        "error": error_record(exc, with_traceback=False)})])
+                        "error": error_record(exc, with_traceback=False), **_listed(run.folded)})])
                     return False
                 await self.sleep(delay or 0.0)
                 continue

@@ -36,3 +36,16 @@ trip.step(book_flight, start=True, compensate=cancel_flight, resend=True)
 trip.step(pay, compensate=refund)
 trip.edge("book_flight", "pay")
 trip.edge("pay", END)
+
+
+def cancel_no_such_flight(ctx, effect):
+    """A compensation the airline refuses for good (it knows no such flight: 404)."""
+    ctx.http.delete(f"{effect.result['api']}/flights/no-such-flight")
+
+
+# As ``trip``, with a flight whose cancellation always fails: a cancel ends compensation_failed.
+trip_refused = Workflow("trip_refused")
+trip_refused.step(book_flight, start=True, compensate=cancel_no_such_flight, resend=True)
+trip_refused.step(pay, compensate=refund)
+trip_refused.edge("book_flight", "pay")
+trip_refused.edge("pay", END)

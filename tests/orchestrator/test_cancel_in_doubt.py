@@ -23,7 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from audit_helpers import ROOT, agentsaga  # noqa: E402
-from cancelflow import checkout, trip  # noqa: E402
+from cancelflow import checkout, trip, trip_refused  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
 from orchestrator.testing import BookingService  # noqa: E402
@@ -77,10 +77,11 @@ def service():
 DRIVER = """
 import sys
 sys.path.insert(0, "tests/orchestrator")
-from cancelflow import checkout, trip
+from cancelflow import checkout, trip, trip_refused
 from orchestrator import Orchestrator
 db, name, api, run_id = sys.argv[1:]
-Orchestrator(db, workflows=[checkout, trip]).run(checkout if name == "checkout" else trip, {"api": api}, run_id=run_id)
+flows = {"checkout": checkout, "trip": trip, "trip_refused": trip_refused}
+Orchestrator(db, workflows=list(flows.values())).run(flows[name], {"api": api}, run_id=run_id)
 """
 
 
@@ -227,3 +228,28 @@ def test_cancelling_a_live_run_fences_its_owner_and_leaves_the_payment_in_flight
         assert [d["key"] for d in events[-1]["data"]["in_doubt"]] == ["l1:pay:0"]
         assert reader.result("l1").status == "cancelled"
     assert "result" not in outcome or outcome["result"].status != "completed"
+
+
+def test_a_cancel_whose_compensation_fails_still_lists_the_effect_in_flight(orc_factory, service, db_url, tmp_path):
+    # Given a trip whose flight was booked, whose payment was in flight when its process died, and
+    # whose flight the airline will not cancel
+    orc = orc_factory(checkout, trip, trip_refused)
+    crashed_in_payment(db_url, "trip_refused", service, "t9")
+    # When it is cancelled with compensation, and the flight's compensation fails for good
+    done = cancel("t9", db_url)
+    # Then the run is compensation_failed, and the payment in flight is still named: on stderr, on the
+    # saga's end, in show (text and JSON) and in the report
+    assert done.returncode == 1, done.stderr
+    assert "ended compensation_failed" in done.stderr and "(in doubt): pay (key t9:pay:1)" in done.stderr
+    assert payments(service) == [("book", "t9:pay:1")]
+    end = orc.history("t9")[-1]
+    assert end["kind"] == "SagaFailed" and [d["key"] for d in end["data"]["in_doubt"]] == ["t9:pay:1"]
+    show = agentsaga("show", "t9", db=db_url)
+    assert "in doubt: effect pay with key t9:pay:1 may have taken effect" in show.stdout, show.stdout
+    doc = json.loads(agentsaga("show", "t9", "--json", db=db_url).stdout)
+    assert ("pay", "in doubt") in [(e["step"], e["status"]) for e in doc["effects"]]
+    assert agentsaga("report", "t9", "--html", str(tmp_path / "t9.html"), db=db_url).returncode == 0
+    assert "t9:pay:1" in (tmp_path / "t9.html").read_text()
+    # And Python says it too
+    result = orc.result("t9")
+    assert [d["key"] for d in result.in_doubt] == ["t9:pay:1"] and "t9:pay:1" in result.failure_line()
