@@ -279,7 +279,8 @@ class _Base:
             "status": response.status_code if response is not None else None,
             "ms": round((time.perf_counter() - started) * 1000, 2),
             "attempt": attempt,
-            "idempotency_key": key,
+            # the key the request carried: the caller's own header when it gave one (it wins), else ours
+            "idempotency_key": request.headers.get("idempotency-key", key),
             "sent": sent,
             "request": {"headers": self.redactor.headers(_raw(request.headers)),
                         "body": self._request_body(request, secrets)},
