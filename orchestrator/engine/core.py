@@ -28,7 +28,7 @@ from orchestrator.engine.code_changes import changed_steps, migrate_state, migra
 from orchestrator.engine.driver import Driver
 from orchestrator.engine.events import ACTIVE_STATUSES, TERMINAL_STATUSES
 from orchestrator.engine.events import EventKind
-from orchestrator.engine.fold import RunState, fold, wait_name
+from orchestrator.engine.fold import RunState, awaited_names, fold
 from orchestrator.engine.graph_changes import graph_differences
 from orchestrator.engine.names import name_problem, shown as _shown
 from orchestrator.engine.journal import ActiveRun, JournalWriter, Observer
@@ -470,7 +470,7 @@ class Engine:
             # Wake the run only if it waits for this signal (a signal for a later wait stays pending).
             # A run that parks after this look finds the signal itself (``wakeups.park``).
             folded = self.restore(run_id, self.workflows.for_run(rec, required=False))[0]
-            if name in {wait_name(key) for key in folded.waits}:
+            if name in awaited_names(folded):
                 self.store.wakeups.wake(run_id, now=now)
 
     def snapshot(self, run_id: str) -> int:

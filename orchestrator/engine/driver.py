@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.engine.durable import Suspend
 from orchestrator.engine.events import EventKind
-from orchestrator.engine.fold import RunState, wait_name
+from orchestrator.engine.fold import RunState, awaited_names
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.engine.leases import Heartbeat
 from orchestrator.engine.saga import SagaRunner, has_pending_effects, in_doubt_error
@@ -128,7 +128,7 @@ class Driver:
 
         One transaction, which also looks for a signal the run waits for that is already pending (sent
         between the step's look and now): then the run is due at once, never parked forever."""
-        awaited = sorted({wait_name(key) for key in run.folded.waits})
+        awaited = awaited_names(run.folded)
         self.store.wakeups.park(run.run_id, token=run.token, wake_at=wake_at, now=self.clock(), release=True,
                                 unless_signalled=awaited)
 

@@ -341,6 +341,13 @@ def wait_name(key: str) -> str:
     return key.split(":", 1)[1].split(_WAIT_INDEX, 1)[0]
 
 
+def awaited_names(run: RunState) -> list[str]:
+    """The names of the signals the run's steps wait for now: their waits no signal answered yet. A
+    wait already answered is not one (a signal of that name sent for a later wait must not wake the
+    run while it waits for another: it would run again only to wait again)."""
+    return sorted({wait_name(key) for key in run.waits if key not in run.received})
+
+
 def _wait_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     run.status = "waiting"
     key = wait_key(data["step"], data["name"], data.get("index") or 0)

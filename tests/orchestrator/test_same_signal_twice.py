@@ -66,3 +66,29 @@ def test_signals_sent_one_at_a_time_while_it_waits_are_each_delivered_once(orc_f
     assert result.state == {"got": [1, 2, 3], "turns": [10, 11, 12]}
     assert [n for _, _, n in received(orc, "turns")] == [1, 2, 3, 10, 11, 12]
     assert orc.store.signals.pending("turns", "msg") == [] and orc.store.signals.pending("turns", "a") == []
+
+
+def test_a_signal_for_no_wait_does_not_wake_a_run_waiting_for_another(orc_factory):
+    wf = Workflow("a-then-b")
+
+    @wf.step(start=True)
+    def both(ctx, state):
+        return {"a": ctx.wait_for("a"), "b": ctx.wait_for("b")}
+
+    wf.edge("both", END)
+    orc = orc_factory(wf)
+    # Given a run that took signal a and now waits for b, with a second a pending (for no wait)
+    assert orc.run(wf, {}, run_id="ab").status == "waiting"
+    orc.signal("ab", "a", 1)
+    orc.signal("ab", "a", 2)
+    assert orc.resume("ab").status == "waiting"
+    seq = len(orc.history("ab"))
+    # When recovery looks for runs that are due
+    recovered = orc.recover()
+    # Then the run is not one of them: the pending a answers no wait, so it is not woken to wait again
+    assert [r.run_id for r in recovered] == []
+    assert len(orc.history("ab")) == seq
+    # And signal b wakes it and completes it; the second a stays pending
+    orc.signal("ab", "b", 3)
+    assert [(r.run_id, r.status) for r in orc.recover()] == [("ab", "completed")]
+    assert orc.result("ab").state == {"a": 1, "b": 3}
