@@ -588,12 +588,28 @@ class Worker:
         lease as it ended (or it was lost meanwhile): handed back now."""
         heartbeat = self.orc.engine.heartbeat
         with self._lock:
-            ended = [run_id for run_id in self._thread_held if not heartbeat.holds(run_id)]
+            stopped = [(run_id, token) for run_id, token in self._thread_held.items() if not heartbeat.holds(run_id)]
+        # The step thread stops the renewals before it gives the lease back: only a lease the store no
+        # longer holds for this worker is handed back (the thread may still be releasing it).
+        ended = [run_id for run_id, token in stopped if self._gone(run_id, token)]
+        with self._lock:
             for run_id in ended:
-                del self._thread_held[run_id]
+                self._thread_held.pop(run_id, None)
         for run_id in ended:
             self._count("handed_back")
             _log.info("run %s: its step's thread ended; handed back (lease released for another worker)", run_id)
+
+
+    def _gone(self, run_id: str, token: int) -> bool:
+        """Whether the store no longer holds the run's lease ``token`` for this worker (released, or
+        taken over). Unknown while the store cannot be read: not gone."""
+        try:
+            rec = self.store.get_run(run_id)
+        except RunNotFoundError:
+            return True
+        except StoreError:
+            return False
+        return rec.lease_owner != self.owner or rec.lease_token != token
 
 
 def _check_given(orc: Orchestrator, *, lease_ttl: Any, heartbeat: float | None, limits: Limits, tracing: Any,
