@@ -45,13 +45,15 @@ class CallScope:
     connection opened inside it keeps one) must not keep the step attempt alive.
     """
 
-    __slots__ = ("_owner", "position", "calls", "timers", "replacing")
+    __slots__ = ("_owner", "position", "calls", "timers", "waits", "replacing")
 
     def __init__(self, owner: object, position: int | str, replacing: bool) -> None:
         self._owner = weakref.ref(owner)
         self.position = position
         self.calls = 0
         self.timers = 0
+        #: how many times each signal name was waited for inside this call
+        self.waits: dict[str, int] = {}
         #: performed again because its request changed (``if_changed="perform"``): what was journaled
         #: inside it belongs to the request it replaces
         self.replacing = replacing
@@ -68,6 +70,13 @@ class CallScope:
     def next_timer(self) -> str:
         n = self.timers
         self.timers += 1
+        return f"{self.position}.{n}"
+
+    def next_wait(self, name: str) -> str:
+        """The number of the next wait for signal ``name`` inside this call: ``"1.0"`` for the first
+        inside call ``1``, then ``"1.1"``, ... (counted per name, as top-level waits are)."""
+        n = self.waits.get(name, 0)
+        self.waits[name] = n + 1
         return f"{self.position}.{n}"
 
 

@@ -349,9 +349,16 @@ class DurableExecution:
                              f"got {timeout!r}")
         # The n-th wait for this name in the step execution (a loop waiting for each next message):
         # each is answered by a signal of its own, and journaled with its number (none for the first,
-        # as journals written before waits were numbered hold them).
-        index = self._waits.get(name, 0)
-        self._waits[name] = index + 1
+        # as journals written before waits were numbered hold them). A wait inside a durable call is
+        # numbered under it, as its timers are: when that call is answered from the journal the wait
+        # is not reached, and a later wait for the same name keeps its number (and its signal).
+        scope = CALL_SCOPE.get()
+        index: Position
+        if scope is not None and scope.of(self):
+            index = scope.next_wait(name)
+        else:
+            index = self._waits.get(name, 0)
+            self._waits[name] = index + 1
         numbered = {"index": index} if index else {}
         folded, key = self.run.folded, wait_key(self.step, name, index)
         if key in folded.received:

@@ -329,10 +329,11 @@ def _call_failed(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduc
 _WAIT_INDEX = "\x1f"
 
 
-def wait_key(step: str, name: str, index: int = 0) -> str:
+def wait_key(step: str, name: str, index: int | str = 0) -> str:
     """The key of a step's ``index``-th wait for signal ``name`` (counted from 0 in the step
     execution) in ``waits`` and ``received``: ``"step:name"`` for the first, as journals written
-    before waits were numbered hold every wait, then ``"step:name<US>1"``, ..."""
+    before waits were numbered hold every wait, then ``"step:name<US>1"``, ...; a wait inside a
+    durable call is numbered under it (``"1.0"``: the first for that name inside call 1)."""
     return f"{step}:{name}" if not index else f"{step}:{name}{_WAIT_INDEX}{index}"
 
 

@@ -92,3 +92,50 @@ def test_a_signal_for_no_wait_does_not_wake_a_run_waiting_for_another(orc_factor
     orc.signal("ab", "b", 3)
     assert [(r.run_id, r.status) for r in orc.recover()] == [("ab", "completed")]
     assert orc.result("ab").state == {"a": 1, "b": 3}
+
+
+def ask_flow() -> Workflow:
+    wf = Workflow("wait-inside-a-call")
+
+    @wf.step(start=True)
+    def ask(ctx, state):
+        # a tool that asks a human, made a durable call; then the step asks again itself
+        first = ctx.durable_call("ask-human", {"question": "book it?"}, lambda: ctx.wait_for("approve"))
+        second = ctx.wait_for("approve")
+        return {"first": first["n"], "second": second["n"]}
+
+    wf.edge("ask", END)
+    return wf
+
+
+def test_a_wait_inside_a_durable_call_is_numbered_under_it(orc_factory):
+    wf = ask_flow()
+    orc = orc_factory(wf)
+    # Given a run whose durable call waits for "approve", answered and journaled
+    assert orc.run(wf, {}, run_id="inner").status == "waiting"
+    orc.signal("inner", "approve", {"n": 1})
+    assert orc.resume("inner").status == "waiting"
+    # When the step, run again, has that call answered from the journal (its wait is not reached)
+    # and waits for "approve" itself, and the second approval comes
+    orc.signal("inner", "approve", {"n": 2})
+    result = orc.resume("inner")
+    # Then the step's own wait got the second signal, not the first again
+    assert result.status == "completed", result.error
+    assert result.state == {"first": 1, "second": 2}
+    assert received(orc, "inner") == [("approve", "0.0", 1), ("approve", 0, 2)]
+    assert orc.store.signals.pending("inner", "approve") == []
+
+
+def test_waits_inside_and_outside_a_call_take_signals_sent_early_in_order(orc_factory):
+    wf = ask_flow()
+    orc = orc_factory(wf)
+    # Given both approvals sent before the run first waits
+    assert orc.run(wf, {}, run_id="early").status == "waiting"
+    orc.signal("early", "approve", {"n": 1})
+    orc.signal("early", "approve", {"n": 2})
+    # When it resumes
+    result = orc.resume("early")
+    # Then the call's wait took the first and the step's the second, each once
+    assert result.status == "completed", result.error
+    assert result.state == {"first": 1, "second": 2}
+    assert received(orc, "early") == [("approve", "0.0", 1), ("approve", 0, 2)]
