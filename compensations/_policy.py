@@ -4,7 +4,8 @@ A compensation must not be given up lightly (giving up leaves the world half-cha
 ``compensation_failed``), so the default retries more patiently than a step's default: five
 attempts, backing off from half a second to at most thirty. Exceptions listed in ``permanent``
 (e.g. "booking not found" from the service) fail the compensation at once: retrying cannot help
-and only delays the operator seeing it.
+and only delays the operator seeing it. The engine never retries a refusal from the outside world
+(``PermanentToolError``, a 4xx from ``ctx.http``), whatever the policy says.
 """
 
 from __future__ import annotations

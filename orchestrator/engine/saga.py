@@ -34,7 +34,7 @@ from orchestrator.engine.fold import RunState
 from orchestrator.engine.journal import ActiveRun, JournalWriter
 from orchestrator.engine.retries import not_before
 from orchestrator.engine.services import ToolsForSteps
-from orchestrator.errors import EncodingError
+from orchestrator.errors import EncodingError, PermanentToolError
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 
@@ -222,7 +222,9 @@ class SagaRunner:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                retry = policy.should_retry(exc, attempt)
+                # The service answered "no" (a 4xx: the booking is not found, the request is refused):
+                # asking again cannot change that, only keep the operator from seeing it, as for a step.
+                retry = not isinstance(exc, PermanentToolError) and policy.should_retry(exc, attempt)
                 delay = not_before(policy.backoff(attempt, self.rng.random()), exc, self.clock) if retry else None
                 failed = {"effect": effect.seq, "step": effect.step, "attempt": attempt, "error": error_record(exc),
                           "retry_in": round(delay, 6) if delay is not None else None, "final": not retry}

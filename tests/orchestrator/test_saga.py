@@ -8,6 +8,7 @@ import pytest
 
 from compensations import CompensationPolicy, Compensations
 from orchestrator import Orchestrator, RunStateError
+from orchestrator.testing import BookingService
 from workflows import END, Retry, Workflow
 
 
@@ -335,3 +336,51 @@ def test_rollback_with_a_forced_next_step_takes_the_other_route(make):
 
 def _rolled_back_seq(orc, run_id):
     return next(e["seq"] for e in orc.history(run_id) if e["kind"] == "RolledBack")
+
+
+
+class CountingService(BookingService):
+    """The booking service, counting the DELETE requests it is sent (answered or refused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deletes = 0
+
+    def handle(self, method, path, body, raw, key):
+        if method == "DELETE":
+            self.deletes += 1
+        return super().handle(method, path, body, raw, key)
+
+
+def test_a_compensation_refused_with_a_4xx_is_not_retried(make):
+    # Given a booking made over HTTP whose compensation asks to cancel a booking the service does not
+    # know (404), under the default compensation policy (5 attempts)
+    with CountingService() as service:
+        wf = Workflow("refused-undo")
+
+        def cancel_flight(ctx, effect):
+            ctx.http.delete(f"{effect.result['api']}/flights/{effect.result['flight']['id']}-unknown")
+
+        @wf.step(start=True, effect=True, resend=True, compensate=cancel_flight)
+        def book_flight(ctx, state):
+            return {"flight": ctx.http.post(f"{state['api']}/flights", json={"to": "Oslo"}).json(),
+                    "api": state["api"]}
+
+        @wf.step()
+        def pay(ctx, state):
+            raise PermissionError("card declined")
+
+        wf.edge("book_flight", "pay")
+        wf.edge("pay", END)
+        orc = make(wf)
+        # When the payment fails and the saga runs
+        result = orc.run(wf, {"api": service.url}, run_id="refused")
+        # Then the 404 fails the compensation at its first attempt: one DELETE was sent, not five
+        assert result.status == "compensation_failed"
+        assert service.deletes == 1
+        failed = [e["data"] for e in orc.history("refused") if e["kind"] == "CompensationFailed"]
+        assert [(f["attempt"], f["final"], f["error"]["type"]) for f in failed] == [
+            (1, True, "orchestrator.errors.PermanentToolError")]
+        saga = [e["data"] for e in orc.history("refused") if e["kind"] == "SagaFailed"]
+        assert [s["attempts"] for s in saga] == [1]
+
