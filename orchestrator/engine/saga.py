@@ -64,7 +64,15 @@ def in_flight_doubts(folded: RunState) -> list[dict[str, Any]]:
         key = intent.get("key")
         if not key:
             continue  # a plain step's start: it promised nothing to the outside world
-        if intent.get("key_issued"):
+        answered = sorted(position for position, call in folded.calls.get(step, {}).items() if "error" not in call)
+        if answered:
+            # The service's answer is journaled, the step's result is not: the effect may well stand,
+            # and what it made is in that answer, not in a result a compensation could be given.
+            calls = ", ".join(answered)
+            why = (f"it was in flight when the run ended: its request was answered (the answer is journaled: "
+                   f"CallCompleted, call {calls} of the step), but the step did not complete, so no result was "
+                   "journaled for a compensation to undo it with")
+        elif intent.get("key_issued"):
             why = ("it was in flight when the run ended: its idempotency key had left the process with its "
                    "request, and no outcome was journaled")
         else:

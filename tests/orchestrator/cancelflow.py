@@ -49,3 +49,20 @@ trip_refused.step(book_flight, start=True, compensate=cancel_no_such_flight, res
 trip_refused.step(pay, compensate=refund)
 trip_refused.edge("book_flight", "pay")
 trip_refused.edge("pay", END)
+
+
+def pay_then_stall(ctx, state):
+    """Pays, then stalls once the answer is journaled (it says so with a file): a process to kill there."""
+    import pathlib
+    import time
+
+    answer = ctx.http.post(f"{state['api']}/payments", json={"amount": 30}).json()
+    pathlib.Path(state["answered"]).write_text(answer["id"])
+    while True:
+        time.sleep(0.05)
+
+
+# The payment's answer is journaled, the step's result never is.
+checkout_answered = Workflow("checkout_answered")
+checkout_answered.step(pay_then_stall, name="pay", start=True, compensate=refund)
+checkout_answered.edge("pay", END)

@@ -23,7 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from audit_helpers import ROOT, agentsaga  # noqa: E402
-from cancelflow import checkout, trip, trip_refused  # noqa: E402
+from cancelflow import checkout, checkout_answered, trip, trip_refused  # noqa: E402
 
 from orchestrator import Orchestrator  # noqa: E402
 from orchestrator.testing import BookingService  # noqa: E402
@@ -253,3 +253,37 @@ def test_a_cancel_whose_compensation_fails_still_lists_the_effect_in_flight(orc_
     # And Python says it too
     result = orc.result("t9")
     assert [d["key"] for d in result.in_doubt] == ["t9:pay:1"] and "t9:pay:1" in result.failure_line()
+
+
+ANSWERED_DRIVER = """
+import sys
+sys.path.insert(0, "tests/orchestrator")
+from cancelflow import checkout_answered
+from orchestrator import Orchestrator
+db, api, answered, run_id = sys.argv[1:]
+Orchestrator(db, workflows=[checkout_answered]).run(checkout_answered, {"api": api, "answered": answered}, run_id=run_id)
+"""
+
+
+def test_an_effect_whose_answer_was_journaled_is_said_to_be_answered_not_unheard_of(db_url, tmp_path):
+    # Given a run killed after its payment was charged and the answer journaled, before the step completed
+    answered = tmp_path / "answered"
+    with BookingService() as service:
+        process = subprocess.Popen([sys.executable, "-c", ANSWERED_DRIVER, db_url, service.url, str(answered), "a1"],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            while not answered.exists():  # the step writes it once the answer is journaled
+                assert process.poll() is None, process.communicate(timeout=60)
+                threading.Event().wait(0.02)
+        finally:
+            process.kill()  # SIGKILL
+            process.communicate(timeout=60)
+        with Orchestrator(db_url, workflows=[checkout_answered]) as orc:
+            # When it is cancelled with compensation
+            result = orc.cancel("a1", compensate=True)
+    # Then the payment is in doubt (no result to refund it with), and the reason says its answer is journaled
+    assert [d["key"] for d in result.in_doubt] == ["a1:pay:0"]
+    reason = result.in_doubt[0]["reason"]
+    assert "its request was answered (the answer is journaled: CallCompleted, call 0 of the step)" in reason
+    assert "no outcome was journaled" not in reason
+    assert [e["action"] for e in service.ledger() if e.get("kind") == "payment"] == ["book"]
