@@ -30,7 +30,7 @@ from orchestrator.audit.gc import GcReport
 from orchestrator.audit.stats import Stats
 from orchestrator.audit.summary import RunSummary
 from orchestrator.audit.verify import VerifyReport
-from orchestrator.engine.config import EngineConfig, default_owner
+from orchestrator.engine.config import DEFAULT_GC_YOUNG, EngineConfig, default_owner
 from orchestrator.engine.names import name_problem, shown
 from orchestrator.engine.queues import DEFAULT_QUEUE, Queues
 from orchestrator.engine.registry import WorkflowRegistry
@@ -85,6 +85,10 @@ class Orchestrator:
     - ``replay``: a ``Cassette`` of recorded responses: durable calls (model calls, tools) are
       answered from it instead of the network, and a request that differs is an error
     - ``observers``: callables ``(run, events)`` told of every commit (progress lines, tracing)
+    - ``gc_young`` (10,000): while runs are driven in this process, the cyclic collector's youngest
+      generation is collected after this many net allocations instead of the interpreter's 700 (the
+      thresholds are put back when the last drive ends; ``orchestrator/engine/collector.py`` says
+      why); ``None`` leaves the collector alone
     """
 
     def __init__(
@@ -113,8 +117,12 @@ class Orchestrator:
         replay: Any = None,
         observers: Sequence[Observer] = (),
         signing_key: bytes | str | None = None,
+        gc_young: int | None = DEFAULT_GC_YOUNG,
     ) -> None:
         _check_options(snapshot_every, keep_snapshots, lease_ttl, heartbeat)
+        if gc_young is not None and (isinstance(gc_young, bool) or not isinstance(gc_young, int) or gc_young < 1):
+            raise ConfigurationError(f"gc_young must be an integer >= 1 or None (leave the collector alone), "
+                                     f"got {gc_young!r}")
         if owner is not None and (problem := name_problem(owner)) is not None:
             raise ConfigurationError(f"owner must be {problem}, got {shown(owner)}")
         if incremental_snapshots is not None and (isinstance(incremental_snapshots, bool)
@@ -150,6 +158,7 @@ class Orchestrator:
             incremental_snapshots=incremental_snapshots,
             lease_ttl=float(lease_ttl), heartbeat=heartbeat, allow_graph_change=allow_graph_change,
             clock=the_clock, sleep=sleep or asyncio.sleep, rng=rng or random.Random(), signing_key=key,
+            gc_young=gc_young,
         )
         call_limits = None
         if tool_limits is not None and tool_limits.calls:

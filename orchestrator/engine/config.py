@@ -12,7 +12,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-__all__ = ["EngineConfig", "default_owner"]
+__all__ = ["DEFAULT_GC_YOUNG", "EngineConfig", "default_owner"]
+
+#: the collector's youngest-generation threshold while runs are driven (``engine/collector.py``; the
+#: interpreter's default is 700)
+DEFAULT_GC_YOUNG = 10_000
 
 
 def default_owner() -> str:
@@ -38,3 +42,5 @@ class EngineConfig:
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rng: random.Random = field(default_factory=random.Random)
+    #: the collector's youngest-generation threshold while runs are driven (None: leave it alone)
+    gc_young: int | None = DEFAULT_GC_YOUNG

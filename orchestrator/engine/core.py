@@ -87,7 +87,8 @@ class Engine:
                            compensations=compensations, tools=tools, replay=replay)
         saga = SagaRunner(self.journal, compensations, clock=config.clock, sleep=config.sleep, rng=config.rng,
                           tools=tools, replaying=replay is not None)
-        self.driver = Driver(self.journal, steps, saga, self.heartbeat, store=store, clock=config.clock)
+        self.driver = Driver(self.journal, steps, saga, self.heartbeat, store=store, clock=config.clock,
+                             gc_young=config.gc_young)
 
     def close(self) -> None:
         self.heartbeat.stop()

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.engine.collector import COLLECTOR
 from orchestrator.engine.durable import Suspend
 from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import RunState, awaited_names
@@ -32,13 +33,15 @@ class Driver:
     """Drives active runs: the tick loop, failure handling and parking."""
 
     def __init__(self, journal: JournalWriter, steps: StepRunner, saga: SagaRunner, heartbeat: Heartbeat, *,
-                 store: Store, clock: Callable[[], float]) -> None:
+                 store: Store, clock: Callable[[], float], gc_young: int | None = None) -> None:
         self.journal = journal
         self.steps = steps
         self.saga = saga
         self.heartbeat = heartbeat
         self.store = store
         self.clock = clock
+        #: the collector's young threshold while this drives (``engine/collector.py``)
+        self.gc_young = gc_young
 
     async def drive(self, run: ActiveRun) -> RunState:
         """Run ticks until the run ends. Raises store errors (fenced, unavailable) to the caller.
@@ -51,6 +54,7 @@ class Driver:
         hb = self.heartbeat
         hb.hold(run.run_id, run.token)
         self.journal.driving_started()
+        COLLECTOR.enter(self.gc_young)
         run.cancels = cancelling()
         keep_lease = False
         try:
@@ -78,6 +82,7 @@ class Driver:
             raise
         finally:
             self.journal.driving_ended()
+            COLLECTOR.leave(self.gc_young)
             if not keep_lease:
                 hb.drop(run.run_id)
         return run.folded
