@@ -23,21 +23,34 @@ from store import RunRecord
 from workflows import END, Workflow
 
 
+class FlakyService(BookingService):
+    """The booking service, unavailable (503) for the first cancellation it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unavailable_once = True
+
+    def handle(self, method, path, body, raw, key):
+        if method == "DELETE" and self.unavailable_once:
+            self.unavailable_once = False
+            return 503, {"error": "service unavailable"}
+        return super().handle(method, path, body, raw, key)
+
+
 @pytest.fixture
 def service():
-    with BookingService() as svc:
+    with FlakyService() as svc:
         yield svc
 
 
 def trip(api: str) -> Workflow:
     """Book a flight (an effect whose compensation cancels it over HTTP), then pay: the payment is
-    declined, so the saga cancels the flight. The compensation's first attempt asks for a booking
-    that does not exist (404) and fails; its second cancels the flight (200)."""
+    declined, so the saga cancels the flight. The compensation's first attempt meets the service
+    unavailable (503) and fails; its second cancels the flight (200)."""
     wf = Workflow("trip")
 
     def cancel(ctx, effect):
-        booking = "flight-404" if ctx.attempt == 1 else effect.result["flight"]
-        reply = ctx.http.delete(f"{api}/flights/{booking}", headers={"Authorization": "Bearer s3cret"})
+        reply = ctx.http.delete(f"{api}/flights/{effect.result['flight']}", headers={"Authorization": "Bearer s3cret"})
         return {"cancelled": reply.json()["id"]}
 
     @wf.step(start=True, effect=True, compensate=cancel)
@@ -80,7 +93,7 @@ def cells(table: str) -> list[list[str]]:
 
 def test_a_compensations_requests_are_listed_with_the_step_it_undid(db_url, orc_factory, service, capsys, tmp_path):
     # Given a trip whose payment is declined, so its saga cancels the booked flight: the cancelling
-    # compensation fails once (404 on a booking that does not exist), then cancels the flight (200)
+    # compensation fails once (503: the service is unavailable), then cancels the flight (200)
     service.fail_payments(402)
     wf = trip(service.url)
     orc = orc_factory(wf)
@@ -93,9 +106,9 @@ def test_a_compensations_requests_are_listed_with_the_step_it_undid(db_url, orc_
     title, rows = section(show, "CALLS BY COMPENSATIONS")
     assert title == "CALLS BY COMPENSATIONS (2 journaled, 1 failed)"
     assert [(r[1], r[2], r[3], r[4], r[5]) for r in rows] == [
-        ("compensation of book", "1", "DELETE", f"{service.url}/flights/flight-404", "t1:book:0:compensate"),
+        ("compensation of book", "1", "DELETE", f"{service.url}/flights/{flight}", "t1:book:0:compensate"),
         ("compensation of book", "2", "DELETE", f"{service.url}/flights/{flight}", "t1:book:0:compensate")]
-    assert rows[0][7].startswith("failed 404") and rows[0][8] == "attempt failed"
+    assert rows[0][7].startswith("failed 503") and rows[0][8] == "attempt failed"
     assert rows[1][7] == "ok 200" and len(rows[1]) == 8
     # And the step call table still lists only the steps' own requests
     _title, step_rows = section(show, "CALLS")
@@ -105,7 +118,7 @@ def test_a_compensations_requests_are_listed_with_the_step_it_undid(db_url, orc_
     calls = data["compensation_calls"]
     assert [(c["compensation_of"], c["attempt"], c["method"], c["url"], c["idempotency_key"], c["outcome"],
              c["status"], c["undo"]) for c in calls] == [
-        ("book", 1, "DELETE", f"{service.url}/flights/flight-404", "t1:book:0:compensate", "failed", 404, "failed"),
+        ("book", 1, "DELETE", f"{service.url}/flights/{flight}", "t1:book:0:compensate", "failed", 503, "failed"),
         ("book", 2, "DELETE", f"{service.url}/flights/{flight}", "t1:book:0:compensate", "completed", 200, "completed")]
     [effect] = data["effects"]
     assert {c["effect_seq"] for c in calls} == {effect["seq"]}
@@ -118,11 +131,11 @@ def test_a_compensations_requests_are_listed_with_the_step_it_undid(db_url, orc_
     assert "Calls made by compensations (2, 1 failed)" in page
     rows = cells(compensation_table(page))
     assert [r[1:6] for r in rows] == [
-        ["compensation of step book (attempt failed)", "1", f"http DELETE {service.url}/flights/flight-404",
+        ["compensation of step book (attempt failed)", "1", f"http DELETE {service.url}/flights/{flight}",
          "t1:book:0:compensate", rows[0][5]],
         ["compensation of step book", "2", f"http DELETE {service.url}/flights/{flight}", "t1:book:0:compensate",
          "completed 200"]]
-    assert rows[0][5].startswith("failed 404")
+    assert rows[0][5].startswith("failed 503")
     assert "s3cret" not in page
 
 
