@@ -7,6 +7,8 @@ callers pass every string through ``_term.safe`` before it reaches a terminal.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from typing import Any
 
 from orchestrator.payload import codec
@@ -112,6 +114,15 @@ def headline(kind: str, data: dict[str, Any]) -> str:
         return f"compensating step {step} failed after {data.get('attempts')} attempts"
     if kind == "RolledBack":
         return f"to seq {data.get('to_seq')}" + (f", next {', '.join(data['next'])}" if data.get("next") else "")
+    if kind == "WaitTimedOut":
+        index = data.get("index")
+        which = f" (wait {index} for that name)" if index else ""
+        deadline = data.get("timeout_at")
+        try:
+            at = datetime.fromtimestamp(deadline, timezone.utc).isoformat(timespec="seconds")
+        except (TypeError, OverflowError, ValueError, OSError):
+            at = str(deadline)
+        return f"{step}: the wait for signal {data.get('name')!r}{which} timed out ({at}); the step was told"
     if kind in ("CallCompleted", "CallFailed"):
         what = " ".join(part for part in (str(data.get("kind")), _call_name(data.get("request"))) if part)
         flags = "".join(f", {flag}" for flag in ("replaced", "replayed") if data.get(flag))

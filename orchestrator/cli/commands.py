@@ -108,9 +108,10 @@ def _awaited(orc: Any, res: RunResult) -> list[str]:
     for x in orc.summary(res.run_id).executions:
         if x.outcome != "waiting":
             continue
-        # a wait is the n-th for its name in the step execution (``index``, absent for the first)
+        # a wait is the n-th for its name in the step execution (``index``, absent for the first); one
+        # that timed out is answered too (the step was told)
         answered = {(e["data"].get("name"), e["data"].get("index") or 0) for e in x.extra
-                    if e["kind"] == "SignalReceived"}
+                    if e["kind"] in ("SignalReceived", "WaitTimedOut")}
         names += [e["data"]["name"] for e in x.extra if e["kind"] == "WaitStarted"
                   and (e["data"].get("name"), e["data"].get("index") or 0) not in answered]
     return list(dict.fromkeys(names))

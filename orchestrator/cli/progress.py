@@ -23,7 +23,8 @@ __all__ = ["Progress"]
 
 _SHOWN = frozenset({
     "StepCompleted", "StepFailed", "CompensationCompleted", "CompensationFailed", "SagaStarted", "SagaCompleted",
-    "SagaFailed", "RolledBack", "RunCompleted", "RunFailed", "RunCancelled", "WaitStarted", "TimerStarted",
+    "SagaFailed", "RolledBack", "RunCompleted", "RunFailed", "RunCancelled", "WaitStarted", "WaitTimedOut",
+    "TimerStarted",
 })
 
 

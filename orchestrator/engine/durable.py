@@ -363,6 +363,11 @@ class DurableExecution:
         folded, key = self.run.folded, wait_key(self.step, name, index)
         if key in folded.received:
             return folded.received[key]
+        waiting = folded.waits.get(key)
+        if waiting is not None and waiting.get("timed_out"):
+            # Told before (and maybe acted on: escalated, waited again): told again, and a signal sent
+            # since answers a later wait, not this one.
+            raise self._timed_out(name, waiting["timeout_at"])
         pending = self.signals.pending(self.run.run_id, name)
         if pending:
             signal_id, _, data_text, sent_at = pending[0]
@@ -371,19 +376,25 @@ class DurableExecution:
                 "signal": signal_id, "sent_at": sent_at})], consume_signals=[signal_id])
             return folded.received[key]
         now = self.clock()
-        waiting = folded.waits.get(key)
         timeout_at = waiting["timeout_at"] if waiting else (now + timeout if timeout is not None else None)
         if timeout_at is not None and now >= timeout_at:
-            try:
-                at = datetime.fromtimestamp(timeout_at, timezone.utc).isoformat(timespec="seconds")
-            except (OverflowError, ValueError, OSError):  # a clock or timeout beyond the calendar's years
-                at = f"epoch {timeout_at:g}"
-            raise WaitTimeoutError(f"step {self.step!r} waited for signal {name!r} until its timeout ({at}) "
-                                   "passed; catch WaitTimeoutError in the step to go on without it",
-                                   step=self.step, signal=name, timeout_at=timeout_at)
+            # Journaled before the step is told, as a received signal is: what the step does about it
+            # (page someone, wait again) is then what it does every time it runs again.
+            self.journal.commit(self.run, [(EventKind.WAIT_TIMED_OUT, {
+                "step": self.step, "tick": self.tick, "name": name, **numbered, "timeout_at": timeout_at})])
+            raise self._timed_out(name, timeout_at)
         raise Suspend(EventKind.WAIT_STARTED, {"step": self.step, "tick": self.tick, "name": name, **numbered,
                                                  "timeout_at": timeout_at},
                       FOREVER if timeout_at is None else timeout_at)
+
+    def _timed_out(self, name: str, timeout_at: float) -> WaitTimeoutError:
+        try:
+            at = datetime.fromtimestamp(timeout_at, timezone.utc).isoformat(timespec="seconds")
+        except (OverflowError, ValueError, OSError):  # a clock or timeout beyond the calendar's years
+            at = f"epoch {timeout_at:g}"
+        return WaitTimeoutError(f"step {self.step!r} waited for signal {name!r} until its timeout ({at}) "
+                                "passed; catch WaitTimeoutError in the step to go on without it",
+                                step=self.step, signal=name, timeout_at=timeout_at)
 
     # timers
     def sleep(self, seconds: float) -> None:

@@ -40,6 +40,7 @@ class EventKind:
     CALL_FAILED: Final = "CallFailed"            # call i raised: raised again, not re-performed, in that attempt
     WAIT_STARTED: Final = "WaitStarted"          # the step waits for a signal; the run parks
     SIGNAL_RECEIVED: Final = "SignalReceived"    # a signal was consumed by a waiting step
+    WAIT_TIMED_OUT: Final = "WaitTimedOut"        # a wait's timeout passed first: the step was told, and is again
     TIMER_STARTED: Final = "TimerStarted"        # ctx.sleep: the run parks until the wake-up time
 
     # -- sagas and rollback ---------------------------------------------------------------------

@@ -63,7 +63,8 @@ class RunState:
     #: durable calls of steps not yet completed: step -> {position: {kind, request, response}}, the
     #: position as text: "0", "1", ... and, for a call made inside call 1, "1.0", "1.1", ...
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: signal waits in progress: "step:name" -> {timeout_at}
+    #: signal waits in progress: "step:name" -> {timeout_at}, with "timed_out": True once the step was
+    #: told its timeout passed (``WaitTimedOut``)
     waits: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: signals received by steps not yet completed: "step:name" -> data
     received: dict[str, Any] = field(default_factory=dict)
@@ -346,7 +347,8 @@ def awaited_names(run: RunState) -> list[str]:
     """The names of the signals the run's steps wait for now: their waits no signal answered yet. A
     wait already answered is not one (a signal of that name sent for a later wait must not wake the
     run while it waits for another: it would run again only to wait again)."""
-    return sorted({wait_name(key) for key in run.waits if key not in run.received})
+    return sorted({wait_name(key) for key, wait in run.waits.items()
+                   if key not in run.received and not wait.get("timed_out")})
 
 
 def _wait_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
@@ -357,6 +359,12 @@ def _wait_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Redu
 
 def _signal_received(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
     run.received[wait_key(data["step"], data["name"], data.get("index") or 0)] = data.get("data")
+
+
+def _wait_timed_out(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
+    # The step was told its wait timed out: told again when it runs again, whatever comes later.
+    run.waits[wait_key(data["step"], data["name"], data.get("index") or 0)] = {
+        "timeout_at": data.get("timeout_at"), "timed_out": True}
 
 
 def _timer_started(run: RunState, seq: int, data: Mapping[str, Any], reduce: Reduce) -> None:
@@ -452,6 +460,7 @@ _APPLY: dict[str, Callable[[RunState, int, Mapping[str, Any], Reduce], None]] = 
     EventKind.CALL_FAILED: _call_failed,
     EventKind.WAIT_STARTED: _wait_started,
     EventKind.SIGNAL_RECEIVED: _signal_received,
+    EventKind.WAIT_TIMED_OUT: _wait_timed_out,
     EventKind.TIMER_STARTED: _timer_started,
     # sagas and rollback
     EventKind.SAGA_STARTED: _saga_started,

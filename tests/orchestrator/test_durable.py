@@ -181,10 +181,13 @@ def test_a_step_catches_wait_timeout_error_and_completes_without_the_signal(db_u
     assert result.status == "completed"
     assert result.state == {"approved": False, "signal": "approval", "step": "ask", "timeout_at": 13_600.0,
                             "is_timeout": True}
-    # And the journal reads: the wait with its deadline, the resume, the step's update, the end
-    assert [e["kind"] for e in history] == ["RunStarted", "WaitStarted", "Resumed", "StepCompleted", "RunCompleted"]
+    # And the journal reads: the wait with its deadline, the resume, the timeout the step was told of,
+    # the step's update, the end
+    assert [e["kind"] for e in history] == ["RunStarted", "WaitStarted", "Resumed", "WaitTimedOut", "StepCompleted",
+                                            "RunCompleted"]
     assert history[1]["data"]["timeout_at"] == 13_600.0
-    assert history[3]["data"]["update"]["approved"] is False
+    assert (history[3]["data"]["name"], history[3]["data"]["timeout_at"]) == ("approval", 13_600.0)
+    assert history[4]["data"]["update"]["approved"] is False
 
 
 def test_an_uncaught_wait_timeout_fails_the_step_with_a_message_naming_the_wait(db_url):

@@ -1,0 +1,103 @@
+"""A wait that timed out stays timed out: the step that saw ``WaitTimeoutError`` and acted on it
+(escalated, then waited again) sees the same when it runs again, after a wake-up or a crash, even
+if the signal it gave up on arrived meanwhile. The timeout is journaled (``WaitTimedOut``) the
+moment the step is told, as a received signal is; the late signal answers the next wait."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from orchestrator import Orchestrator
+from orchestrator.errors import WaitTimeoutError
+from workflows import END, Workflow
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from timeoutflow import escalate  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def escalating(calls: list) -> Workflow:
+    wf = Workflow("escalate-then-wait")
+
+    @wf.step(start=True)
+    def approve(ctx, state):
+        try:
+            answer = ctx.wait_for("approval", timeout=3600)
+            return {"approved": answer["ok"], "escalated": False}
+        except WaitTimeoutError:
+            # the manager is paged once (a durable call), then the step waits for the approval again
+            ctx.durable_call("page", {"who": "manager"}, lambda: calls.append("page") or {"paged": True})
+            answer = ctx.wait_for("approval")
+            return {"approved": answer["ok"], "escalated": True}
+
+    wf.edge("approve", END)
+    return wf
+
+
+def test_a_signal_that_comes_after_the_timeout_answers_the_wait_after_the_escalation(db_url):
+    calls: list = []
+    wf = escalating(calls)
+    now = [10_000.0]
+    with Orchestrator(db_url, workflows=[wf], clock=lambda: now[0]) as orc:
+        # Given a run whose wait timed out: the step paged the manager and now waits again
+        assert orc.run(wf, {}, run_id="esc").status == "waiting"
+        now[0] += 3601
+        assert [r.status for r in orc.recover()] == ["waiting"]
+        assert calls == ["page"]
+        # When the approval arrives and wakes the run
+        orc.signal("esc", "approval", {"ok": True})
+        [result] = orc.recover()
+        history = orc.history("esc")
+    # Then the step ran the escalation path again from the journal (no second page) and the late
+    # approval answered the wait after it
+    assert result.status == "completed", result.error
+    assert result.state == {"approved": True, "escalated": True}
+    assert calls == ["page"]
+    kinds = [e["kind"] for e in history]
+    assert kinds == ["RunStarted", "WaitStarted", "Resumed", "WaitTimedOut", "CallCompleted", "WaitStarted",
+                     "Resumed", "SignalReceived", "StepCompleted", "RunCompleted"]
+    timed_out = history[3]["data"]
+    assert (timed_out["step"], timed_out["name"], timed_out["timeout_at"]) == ("approve", "approval", 13_600.0)
+    assert history[7]["data"].get("index") == 1
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, "tests/orchestrator")
+from timeoutflow import escalate
+from orchestrator import Orchestrator
+db, pages = sys.argv[1:]
+Orchestrator(db, workflows=[escalate]).run(escalate, {"pages": pages}, run_id="killed")
+"""
+
+
+def test_a_process_killed_after_acting_on_a_timeout_is_resumed_on_the_same_path(db_url, tmp_path):
+    pages, stall = tmp_path / "pages", tmp_path / "stall"
+    # Given a process whose wait timed out, that paged the manager (journaled) and was then SIGKILLed
+    process = subprocess.Popen([sys.executable, "-c", DRIVER, db_url, str(pages)], cwd=ROOT,
+                               env={**os.environ, "TIMEOUTFLOW_STALL": str(stall)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        while not stall.exists():  # written once the page is journaled
+            assert process.poll() is None, process.communicate(timeout=60)
+            threading.Event().wait(0.02)
+    finally:
+        process.kill()
+        process.communicate(timeout=60)
+    # When the approval arrives before anyone resumes the run, and it is resumed here
+    with Orchestrator(db_url, workflows=[escalate]) as orc:
+        orc.signal("killed", "approval", {"ok": True})
+        result = orc.resume("killed")  # its owner is dead: taken over at once
+        kinds = [e["kind"] for e in orc.history("killed")]
+    # Then the step was told of the timeout again, its page came from the journal (one page in the
+    # world), and the approval answered the wait after the page
+    assert pages.read_text().splitlines() == ["killed"]
+    assert kinds.count("WaitTimedOut") == 1 and kinds.count("CallCompleted") == 1
+    assert result.status == "completed", result.error
+    assert result.state["escalated"] is True and result.state["approved"] is True
