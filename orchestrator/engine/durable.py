@@ -274,7 +274,7 @@ class DurableExecution:
             except BaseException:
                 return  # a fenced or abandoned attempt records nothing
         error = error_record(exc, with_traceback=False)
-        for name in ("tool", "status", "retry_after"):
+        for name in ("tool", "status", "retry_after", "signal", "timeout_at"):
             value = getattr(exc, name, None)
             if value is not None:
                 error[name] = value
@@ -511,7 +511,8 @@ _SQLITE_GUARDS = _GuardLane(workers=2)
 for _lane in (_GUARDS, _SQLITE_GUARDS):
     os.register_at_fork(after_in_child=_lane.forget_threads)
 
-_TOOL_ERRORS = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError)}
+_TOOL_ERRORS = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError,
+                                               WaitTimeoutError)}
 
 
 def _call(position: Position, kind: str | None = None) -> str:
@@ -524,8 +525,9 @@ def _call(position: Position, kind: str | None = None) -> str:
 
 
 def recorded_error(error: Mapping[str, Any], step: str, position: Position) -> Exception:
-    """The exception a journaled call failure stands for: the same tool error class with its fields
-    (the journal holds no pickled exceptions), or a ``CallFailedError`` naming the original type."""
+    """The exception a journaled call failure stands for: the same tool error class (or the
+    ``WaitTimeoutError`` of a wait inside the call) with its fields (the journal holds no pickled
+    exceptions), or a ``CallFailedError`` naming the original type."""
     type_name = str(error.get("type", "Exception"))
     message = str(error.get("message", ""))
     cls = _TOOL_ERRORS.get(type_name.rsplit(".", 1)[-1]) if type_name.startswith("orchestrator.") else None
@@ -534,6 +536,8 @@ def recorded_error(error: Mapping[str, Any], step: str, position: Position) -> E
                                   retry_after=error.get("retry_after"))
     if cls is CircuitOpenError:
         return CircuitOpenError(message, tool=error.get("tool"))
+    if cls is WaitTimeoutError:  # a wait inside the call timed out: the step is told so again, as it was
+        return WaitTimeoutError(message, step=step, signal=error.get("signal"), timeout_at=error.get("timeout_at"))
     if cls is not None:
         return cls(message, tool=error.get("tool"), status=error.get("status"))
     return CallFailedError(f"{_call(position)} of step {step!r} failed earlier in this attempt and is not performed "

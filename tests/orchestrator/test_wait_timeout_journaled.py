@@ -101,3 +101,34 @@ def test_a_process_killed_after_acting_on_a_timeout_is_resumed_on_the_same_path(
     assert kinds.count("WaitTimedOut") == 1 and kinds.count("CallCompleted") == 1
     assert result.status == "completed", result.error
     assert result.state["escalated"] is True and result.state["approved"] is True
+
+
+def test_a_wait_that_timed_out_inside_a_durable_call_is_told_again_as_a_wait_timeout(db_url):
+    # Given a tool (a durable call) that asks a human with a timeout, and a step that, when the tool
+    # times out, waits for the answer itself
+    wf = Workflow("ask-through-a-tool")
+
+    @wf.step(start=True)
+    def ask(ctx, state):
+        try:
+            answer = ctx.durable_call("ask-human", {"q": "ok?"}, lambda: ctx.wait_for("answer", timeout=60))
+            return {"answer": answer, "by": "tool"}
+        except WaitTimeoutError as timed_out:
+            return {"answer": ctx.wait_for("answer"), "by": "step", "timed_out": timed_out.signal}
+
+    wf.edge("ask", END)
+    now = [10_000.0]
+    with Orchestrator(db_url, workflows=[wf], clock=lambda: now[0]) as orc:
+        assert orc.run(wf, {}, run_id="tool").status == "waiting"
+        now[0] += 61
+        # When the tool's wait times out (the step now waits itself) and the answer comes later
+        assert [r.status for r in orc.recover()] == ["waiting"]
+        orc.signal("tool", "answer", "yes")
+        [result] = orc.recover()
+        failed = [e["data"] for e in orc.history("tool") if e["kind"] == "CallFailed"]
+    # Then the call's recorded failure is raised again as the WaitTimeoutError the step catches, and
+    # the answer reaches the step's own wait
+    assert result.status == "completed", result.error
+    assert result.state == {"answer": "yes", "by": "step", "timed_out": "answer"}
+    assert [(f["error"]["type"], f["error"]["signal"], f["error"]["timeout_at"]) for f in failed] == [
+        ("orchestrator.errors.WaitTimeoutError", "answer", 10_060.0)]
