@@ -212,7 +212,9 @@ class CallChangedError(OrchestratorError):
 
 class CallFailedError(OrchestratorError):
     """A durable call failed earlier in this attempt (before a crash); its recorded error is raised
-    again instead of performing the call twice. ``type_name`` names the original exception type."""
+    again instead of performing the call twice. ``type_name`` names the original exception type; when
+    that is a builtin one (``KeyError``, ``ValueError``, ``ConnectionError``...), the error raised is
+    also an instance of it, so the ``except`` that caught it the first time catches it again."""
 
     def __init__(self, message: str, *, type_name: str) -> None:
         self.type_name = type_name

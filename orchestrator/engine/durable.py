@@ -32,7 +32,9 @@ side-effect free: the same rule as for any step that is re-run after a crash.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import difflib
+import functools
 import inspect
 import json
 import math
@@ -527,7 +529,8 @@ def _call(position: Position, kind: str | None = None) -> str:
 def recorded_error(error: Mapping[str, Any], step: str, position: Position) -> Exception:
     """The exception a journaled call failure stands for: the same tool error class (or the
     ``WaitTimeoutError`` of a wait inside the call) with its fields (the journal holds no pickled
-    exceptions), or a ``CallFailedError`` naming the original type."""
+    exceptions), or a ``CallFailedError`` naming the original type, which is also an instance of that
+    type when it is a builtin one (the step's ``except ValueError`` catches it again)."""
     type_name = str(error.get("type", "Exception"))
     message = str(error.get("message", ""))
     cls = _TOOL_ERRORS.get(type_name.rsplit(".", 1)[-1]) if type_name.startswith("orchestrator.") else None
@@ -540,8 +543,23 @@ def recorded_error(error: Mapping[str, Any], step: str, position: Position) -> E
         return WaitTimeoutError(message, step=step, signal=error.get("signal"), timeout_at=error.get("timeout_at"))
     if cls is not None:
         return cls(message, tool=error.get("tool"), status=error.get("status"))
-    return CallFailedError(f"{_call(position)} of step {step!r} failed earlier in this attempt and is not performed "
-                           f"again: {type_name}: {message}", type_name=type_name)
+    text = (f"{_call(position)} of step {step!r} failed earlier in this attempt and is not performed again: "
+            f"{type_name}: {message}")
+    builtin = getattr(builtins, type_name, None) if "." not in type_name else None
+    if isinstance(builtin, type) and issubclass(builtin, Exception) and builtin is not Exception:
+        try:  # an ``except KeyError`` that caught it the first time catches it again
+            return _failed_as(builtin)(text, type_name=type_name)
+        except TypeError:  # (a builtin whose constructor needs more than a message)
+            pass
+    return CallFailedError(text, type_name=type_name)
+
+
+@functools.lru_cache(maxsize=None)
+def _failed_as(builtin: type[Exception]) -> type[CallFailedError]:
+    """``CallFailedError`` that is also a ``builtin`` exception (``KeyError``, ``ValueError``...):
+    named as ``CallFailedError`` wherever it is recorded."""
+    return type("CallFailedError", (CallFailedError, builtin), {"__module__": CallFailedError.__module__,
+                                                                 "__qualname__": CallFailedError.__qualname__})
 
 
 def _changed(step: str, position: Position, prior: Mapping[str, Any], kind: str, request: Any) -> str:

@@ -1,7 +1,11 @@
-"""A wait that timed out stays timed out: the step that saw ``WaitTimeoutError`` and acted on it
-(escalated, then waited again) sees the same when it runs again, after a wake-up or a crash, even
-if the signal it gave up on arrived meanwhile. The timeout is journaled (``WaitTimedOut``) the
-moment the step is told, as a received signal is; the late signal answers the next wait."""
+"""A step that runs again (woken for a later wait, after a crash) takes the path it took before.
+
+A wait that timed out stays timed out: the step that saw ``WaitTimeoutError`` and acted on it
+(escalated, then waited again) sees the same when it runs again, even if the signal it gave up on
+arrived meanwhile. The timeout is journaled (``WaitTimedOut``) the moment the step is told, as a
+received signal is; the late signal answers the next wait. A failure a step caught from a durable
+call (a wait's timeout inside it, a builtin error) is raised again as something the same ``except``
+catches."""
 
 from __future__ import annotations
 
@@ -132,3 +136,33 @@ def test_a_wait_that_timed_out_inside_a_durable_call_is_told_again_as_a_wait_tim
     assert result.state == {"answer": "yes", "by": "step", "timed_out": "answer"}
     assert [(f["error"]["type"], f["error"]["signal"], f["error"]["timeout_at"]) for f in failed] == [
         ("orchestrator.errors.WaitTimeoutError", "answer", 10_060.0)]
+
+
+def test_a_builtin_error_a_step_caught_from_a_durable_call_is_caught_again_when_the_step_runs_again(db_url):
+    # Given a step that looks a customer up (a durable call raising KeyError: unknown), catches it,
+    # then waits for a human to fill the record in
+    looked_up: list = []
+    wf = Workflow("lookup-then-ask")
+
+    def lookup():
+        looked_up.append(1)
+        raise KeyError("customer 42")
+
+    @wf.step(start=True)
+    def find(ctx, state):
+        try:
+            return {"customer": ctx.durable_call("lookup", {"id": 42}, lookup)}
+        except KeyError as unknown:
+            return {"customer": ctx.wait_for("filled-in"), "why": type(unknown).__name__}
+
+    wf.edge("find", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        assert orc.run(wf, {}, run_id="kv").status == "waiting"
+        # When the record is filled in and the step runs again (its lookup's failure is journaled)
+        orc.signal("kv", "filled-in", {"name": "Ada"})
+        result = orc.resume("kv")
+    # Then the journaled KeyError is caught by the same except clause: the step takes the same path,
+    # and the lookup was made once
+    assert result.status == "completed", result.error
+    assert result.state == {"customer": {"name": "Ada"}, "why": "CallFailedError"}
+    assert looked_up == [1]
