@@ -26,13 +26,14 @@ exploration's world (service URL, clock, execution ledger).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 from explorer_harness import ExplorerService
 
-from orchestrator import Orchestrator, RunResult
+from orchestrator import Orchestrator, RunResult, WaitTimeoutError
 from orchestrator.agents import LLM, ToolContext, ToolRegistry, run_tool_loop
 from orchestrator.testing import Reply, reply
 from workflows import END, Retry, Workflow, reducers
@@ -594,5 +595,62 @@ def chat_script(request: dict[str, Any], n: int) -> Any:
                              {"name": "book", "arguments": {"venue": "Belem Loft"}, "id": "call_belem"}])
 
 
+class Escalate(Flow):
+    """One signal name waited for three times, one wait timing out. ``ask`` asks a human through a
+    durable call (a tool) whose wait for ``answer`` has a timeout, which passes: the step, told so
+    (``WaitTimedOut``, then the call's ``CallFailed``), pages the manager with ``ctx.http`` and waits
+    for ``answer`` twice more, at its own level (waits 0 and 1 of the step, the tool's being 0.0
+    inside call 0). The outside world lets the deadline pass, then sends two answers at once. Each
+    time the step runs again, the tool's wait is told of its timeout again, the page comes from the
+    journal, and each answer lands in the wait it landed in the first time."""
+
+    status = "completed"
+    variants = ("resend",)  # (no effect step: the in-doubt rules do not apply)
+    ANSWERS = ("ann", "bob")
+
+    def __init__(self, world: Any, variant: str = "resend") -> None:
+        wf = Workflow("escalate", version="1")
+
+        @wf.step(start=True)
+        def ask(ctx, state):
+            world.executed(ctx)
+            try:
+                answer = ctx.durable_call("ask-human", {"q": "approve?"},
+                                          lambda: ctx.wait_for("answer", timeout=300))
+                return {"paged": None, "answers": [answer["by"]]}
+            except WaitTimeoutError:
+                paged = ctx.http.post(f"{world.api}/cars", json={"page": "manager"}).json()["id"]
+                first, second = ctx.wait_for("answer"), ctx.wait_for("answer")
+                return {"paged": paged, "answers": [first["by"], second["by"]]}
+
+        @wf.step()
+        def record(ctx, state):
+            world.executed(ctx)
+            # What the scenario makes happen, whoever ran the step how often: the page was made, and
+            # the two answers sent after the timeout landed in the two waits after it, in order.
+            if not state["paged"] or state["answers"] != list(self.ANSWERS):
+                world.violations.append(f"ask ended with {state['answers']} (paged: {state['paged']}), not with "
+                                        f"the page and the answers {list(self.ANSWERS)} in order")
+            return {"recorded": len(state["answers"])}
+
+        wf.edge("ask", "record")
+        wf.edge("record", END)
+        self.workflow = wf
+
+    def outside(self, world: Any, orc: Orchestrator, run_id: str) -> RunResult:
+        history = orc.history(run_id)
+        waiting = [e for e in history if e["kind"] == "WaitStarted"][-1]["data"]
+        if waiting.get("timeout_at") is not None and not any(e["kind"] == "WaitTimedOut" for e in history):
+            world.clock.now = max(world.clock.now, waiting["timeout_at"])  # nobody answers in time
+            return orc.resume(run_id)
+        # A sender that sends each answer once: those neither received nor pending yet, in order.
+        had = [e["data"]["data"]["by"] for e in history if e["kind"] == "SignalReceived"]
+        had += [json.loads(data)["by"] for _, _, data, _ in orc.store.signals.pending(run_id, "answer")]
+        for by in self.ANSWERS[len(had):]:
+            orc.signal(run_id, "answer", {"by": by})
+        return orc.resume(run_id)
+
+
 FLOWS: dict[str, type[Flow]] = {"trip": Trip, "fanout": Fanout, "threads": Threads, "approval": Approval,
-                                "agent": Agent, "nested": Nested, "order": Order, "catalog": Catalog}
+                                "agent": Agent, "nested": Nested, "order": Order, "catalog": Catalog,
+                                "escalate": Escalate}

@@ -321,6 +321,11 @@ def explore(flow_factory: Callable[[World], Any], url: str, run_id: str, plan: P
                 processes.append(successor)
                 orcs.append(make_orchestrator(url, successor, world, [flow.workflow]))
                 deaths.append(journal_of(orcs[-1].store, run_id))
+                if child is not None and len(processes) == 2:
+                    # A real child's clock lived in its memory (a scenario may have moved it on, to a
+                    # timer or a timeout): this process's is never behind what the child journaled.
+                    ats = [e.at for e in orcs[-1].store.events(run_id)] if deaths[-1] else []
+                    world.clock.now = max([world.clock.now, *ats])
                 folds += fold_problems(orcs[-1].store, run_id, flow.workflow, f"after {dead.name} died at {dead.dead}")
                 # Every other crash point, the successor recovers the run once its lease lapsed
                 # instead of taking it over at once.
