@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -135,8 +136,11 @@ def tail(proc: subprocess.CompletedProcess) -> str:
     return " | ".join(lines[-3:])[-400:] if lines else "(no output)"
 
 
+@functools.cache
 def check_import(statement: str) -> str | None:
-    """None if ``statement`` runs in a fresh interpreter, else the error's last line."""
+    """None if ``statement`` runs in a fresh interpreter, else the error's last line. Asked once per
+    statement: the engines on SQLite and on Postgres need the same import (a fresh interpreter
+    answers it the same way each time, and peers.py asked it again for each)."""
     proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, timeout=120, cwd=HERE,
                           env=child_env())
     if proc.returncode == 0:

@@ -50,8 +50,8 @@ FULL = {
 QUICK = {
     "reps": 1,
     "steps_reps": 1,
-    "steps_n": 200,
-    "floor_n": 200,
+    "steps_n": 100,
+    "floor_n": 100,
     "many_count": 20,
     "many_n": 10,
     "crash_points": [(50, 100)],

@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import sqlite3
+import sys
 import tempfile
 import threading
 import uuid
@@ -57,6 +58,29 @@ def server_lock(exclusive: bool) -> Iterator[None]:
 def _server_share(request: pytest.FixtureRequest) -> Iterator[None]:
     with server_lock(exclusive=request.node.get_closest_marker("restarts_postgres") is not None):
         yield
+
+
+#: Where the suite's processes keep their bytecode when the environment forbids writing it beside the
+#: sources (PYTHONDONTWRITEBYTECODE, see pytest_configure): outside the checkout, shared by every run.
+BYTECODE_DIR = os.path.join(tempfile.gettempdir(), "agentsaga-tests-pycache")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With PYTHONDONTWRITEBYTECODE set, every process the suite starts (a console script, a child
+    killed with SIGKILL, a worker, a benchmark's child: thousands of them) compiled the project's
+    modules from source again, about 0.1 s each on this 2-core machine, and every pytest-xdist worker
+    rewrote every test module's asserts again. The suite then keeps bytecode under BYTECODE_DIR
+    instead (PYTHONPYCACHEPREFIX): the checkout stays as clean as the variable meant it to, and what
+    runs is the same code (a cached file is used only while its source is unchanged). Set here, the
+    environment reaches the xdist workers, which start after configuration, and the processes the
+    tests start."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", BYTECODE_DIR)
+    if sys.pycache_prefix is None:
+        sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+    sys.dont_write_bytecode = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,7 +2,9 @@
 
 Runs where DBOS and its pydantic-ai integration are installed (the ``bench`` extra, which CI
 installs). Each engine runs tests/contrib/peer_trip.py in a child process of its own (DBOS keeps
-process-wide state), DBOS on a SQLite system database of its own, agentsaga on each backend.
+process-wide state), DBOS on a SQLite system database of its own, agentsaga on each backend. DBOS's
+side does not depend on agentsaga's backend: it runs once per module (a module-scoped fixture) and
+each backend's agentsaga run is held to it.
 """
 
 from __future__ import annotations
@@ -55,28 +57,47 @@ def turns(log: list[list[object]]) -> list[object]:
     return [sorted(x) if isinstance(x, list) else x for x in out]
 
 
-def test_the_call_logs_of_one_script_match_under_dbos_and_agentsaga(db_url, tmp_path):
+@pytest.fixture(scope="module")
+def dbos_ran(tmp_path_factory) -> tuple[str, list]:
+    """The script run to the end under DBOS: its answer and its call log."""
+    tmp = tmp_path_factory.mktemp("dbos-ran")
+    out = output(peer("dbos", f"sqlite:///{tmp}/dbos.sqlite", "run", tmp / "dbos.jsonl"))
+    return out, read_ledger(str(tmp / "dbos.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def dbos_recovered(tmp_path_factory) -> tuple[str, list]:
+    """The script SIGKILLed during its second model request under DBOS, then recovered in a fresh
+    process: the answer and the call log of both processes."""
+    tmp = tmp_path_factory.mktemp("dbos-recovered")
+    killed = peer("dbos", f"sqlite:///{tmp}/dbos.sqlite", "run", tmp / "dbos.jsonl", kill="model:2")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    out = output(peer("dbos", f"sqlite:///{tmp}/dbos.sqlite", "recover", tmp / "dbos.jsonl"))
+    return out, read_ledger(str(tmp / "dbos.jsonl"))
+
+
+def test_the_call_logs_of_one_script_match_under_dbos_and_agentsaga(dbos_ran, db_url, tmp_path):
     # Given one agent script (a model, a weather tool, two bookings in one answer)
     # When it runs to the end under DBOS's durability and under agentsaga's
-    dbos_out = output(peer("dbos", f"sqlite:///{tmp_path}/dbos.sqlite", "run", tmp_path / "dbos.jsonl"))
+    dbos_out, dbos_log = dbos_ran
     ours_out = output(peer("agentsaga", db_url, "run", tmp_path / "ours.jsonl"))
     # Then both made the same model requests and tool calls, turn by turn, and answered the same
-    dbos_log, ours_log = read_ledger(str(tmp_path / "dbos.jsonl")), read_ledger(str(tmp_path / "ours.jsonl"))
+    ours_log = read_ledger(str(tmp_path / "ours.jsonl"))
     assert turns(dbos_log) == turns(ours_log)
     assert [e[:2] for e in ours_log] == [["model", 1], ["tool", "weather"], ["model", 2], ["tool", "book_hotel"],
                                          ["tool", "book_car"], ["model", 3]]
     assert dbos_out == ours_out
 
 
-def test_after_a_sigkill_during_the_second_request_neither_engine_pays_for_the_first_again(db_url, tmp_path):
-    # Given the script SIGKILLed during its second model request, under each engine
-    for engine, url in (("dbos", f"sqlite:///{tmp_path}/dbos.sqlite"), ("agentsaga", db_url)):
-        killed = peer(engine, url, "run", tmp_path / f"{engine}.jsonl", kill="model:2")
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+def test_after_a_sigkill_during_the_second_request_neither_engine_pays_for_the_first_again(
+        dbos_recovered, db_url, tmp_path):
+    # Given the script SIGKILLed during its second model request, under each engine (DBOS's: the fixture)
+    killed = peer("agentsaga", db_url, "run", tmp_path / "agentsaga.jsonl", kill="model:2")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     # When each engine finishes the interrupted run in a fresh process
-    dbos_out = output(peer("dbos", f"sqlite:///{tmp_path}/dbos.sqlite", "recover", tmp_path / "dbos.jsonl"))
+    dbos_out, dbos_log = dbos_recovered
     ours_out = output(peer("agentsaga", db_url, "recover", tmp_path / "agentsaga.jsonl"))
-    dbos_log, ours_log = read_ledger(str(tmp_path / "dbos.jsonl")), read_ledger(str(tmp_path / "agentsaga.jsonl"))
+    ours_log = read_ledger(str(tmp_path / "agentsaga.jsonl"))
     # Then both answer the same, and neither asked the model for the first request twice
     assert dbos_out == ours_out
     assert [e for e in dbos_log if e[0] == "model"] == [e for e in ours_log if e[0] == "model"]

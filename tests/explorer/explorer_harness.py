@@ -52,7 +52,7 @@ class ExplorerService(BookingService):
         parts = [p for p in path.split("/") if p]
         if method == "GET" and len(parts) == 2 and parts[0] == "catalog":
             self._log("fetch", kind="catalog", part=parts[1], idempotency_key=key)
-            return 200, {"part": parts[1], "items": "x" * self.FILLER}
+            return 200, {"part": parts[1], "items": "." * self.FILLER}
         return super()._dispatch(method, path, body, raw, key)
 
 

@@ -141,6 +141,7 @@ def test_every_read_verb_leaves_a_crashed_run_and_its_app_alone(db_url, tmp_path
     env = {"AGENTSAGA_TEST_MARKER": str(marker), "AGENTSAGA_APP": str(APP)}
     before = everything_about(db_url, "m1")
     assert before[0].status == "running" and before[0].lease_expires_at < time.time()
+    said: dict[str, str] = {}
     for verb in READ_VERBS:
         argv = [a.replace("{tmp}", str(tmp_path)) for a in verb]
         # When each reading verb runs there
@@ -150,9 +151,9 @@ def test_every_read_verb_leaves_a_crashed_run_and_its_app_alone(db_url, tmp_path
         assert done.returncode == 0, (verb, done.stderr)
         assert not marker.exists(), verb
         assert everything_about(db_url, "m1") == before, verb
+        said[" ".join(verb)] = done.stdout
     # And `show` says how it read the state without the code
-    show = subprocess.run([sys.executable, "-m", "orchestrator.cli", "show", "m1", "--db", db_url], cwd=tmp_path,
-                          capture_output=True, text=True, env={**os.environ, **env}, timeout=120).stdout
+    show = said["show m1"]
     assert "state from snapshot at seq 2 + 1 events" in show
     assert "folded without reducers: fields merged by replacement: best" in show
 
