@@ -21,32 +21,15 @@ from workflows import END, Workflow
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from timeoutflow import escalate  # noqa: E402
+from timeoutflow import escalate, escalating  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def escalating(calls: list) -> Workflow:
-    wf = Workflow("escalate-then-wait")
-
-    @wf.step(start=True)
-    def approve(ctx, state):
-        try:
-            answer = ctx.wait_for("approval", timeout=3600)
-            return {"approved": answer["ok"], "escalated": False}
-        except WaitTimeoutError:
-            # the manager is paged once (a durable call), then the step waits for the approval again
-            ctx.durable_call("page", {"who": "manager"}, lambda: calls.append("page") or {"paged": True})
-            answer = ctx.wait_for("approval")
-            return {"approved": answer["ok"], "escalated": True}
-
-    wf.edge("approve", END)
-    return wf
-
-
 def test_a_signal_that_comes_after_the_timeout_answers_the_wait_after_the_escalation(db_url):
     calls: list = []
-    wf = escalating(calls)
+    wf = escalating(lambda ctx, state: calls.append("page") or {"paged": True}, timeout=3600,
+                    name="escalate-then-wait")
     now = [10_000.0]
     with Orchestrator(db_url, workflows=[wf], clock=lambda: now[0]) as orc:
         # Given a run whose wait timed out: the step paged the manager and now waits again
