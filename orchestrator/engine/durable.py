@@ -349,6 +349,10 @@ class DurableExecution:
         if timeout is not None and not _seconds(timeout):
             raise ValueError(f"wait_for timeout must be a finite number of seconds >= 0 (None: no timeout), "
                              f"got {timeout!r}")
+        if self.guard is not None:
+            # An abandoned attempt (timed out, cancelled) takes no signal and journals nothing: the
+            # attempt that replaced it waits for the same one.
+            self.guard.attempt()
         # The n-th wait for this name in the step execution (a loop waiting for each next message):
         # each is answered by a signal of its own, and journaled with its number (none for the first,
         # as journals written before waits were numbered hold them). A wait inside a durable call is
@@ -402,6 +406,8 @@ class DurableExecution:
     def sleep(self, seconds: float) -> None:
         if not _seconds(seconds):
             raise ValueError(f"ctx.sleep needs a finite number of seconds >= 0, got {seconds!r}")
+        if self.guard is not None:
+            self.guard.attempt()  # an abandoned attempt parks nothing
         # A timer inside a durable call is numbered under it, as a call would be: when that call is
         # answered from the journal the timer is not reached, and later timers keep their numbers.
         scope = CALL_SCOPE.get()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrator import Orchestrator
 from orchestrator.errors import WaitTimeoutError
-from workflows import END, Workflow
+from workflows import END, Retry, Workflow
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -149,3 +149,41 @@ def test_a_builtin_error_a_step_caught_from_a_durable_call_is_caught_again_when_
     assert result.status == "completed", result.error
     assert result.state == {"customer": {"name": "Ada"}, "why": "CallFailedError"}
     assert looked_up == [1]
+
+
+def test_an_abandoned_attempt_that_waits_for_a_signal_neither_takes_it_nor_journals(orc_factory):
+    # Given a step with a short timeout whose first attempt blocks past it; the retry waits for "go"
+    wf = Workflow("slow-then-wait")
+    release, late = threading.Event(), threading.Event()
+    met: list[str] = []
+
+    @wf.step(start=True, timeout=0.05, retry=Retry(attempts=2, initial=0.01))
+    def work(ctx, state):
+        if ctx.attempt == 1:
+            release.wait(60)  # blocked past the timeout: abandoned, still running on its thread
+            try:
+                ctx.wait_for("go")
+                met.append("took the signal")
+            except BaseException as exc:  # noqa: BLE001 - the test records what the abandoned thread met
+                met.append(type(exc).__name__)
+            finally:
+                late.set()
+            return {"by": 1}
+        return {"by": ctx.attempt, "go": ctx.wait_for("go")}
+
+    wf.edge("work", END)
+    orc = orc_factory(wf)
+    assert orc.run(wf, {}, run_id="ab").status == "waiting"  # attempt 2 waits; attempt 1 still blocked
+    # When the signal is sent, and then the abandoned attempt wakes up and asks for it
+    orc.signal("ab", "go", {"n": 1})
+    before = len(orc.history("ab"))
+    release.set()
+    assert late.wait(60)
+    # Then it was refused: nothing journaled, the signal still pending for the live attempt
+    assert met == ["StepTimeoutError"]
+    assert len(orc.history("ab")) == before
+    assert len(orc.store.signals.pending("ab", "go")) == 1
+    # And the run, resumed, gives the signal to the attempt that waits for it
+    result = orc.resume("ab")
+    assert result.status == "completed", result.error
+    assert result.state == {"by": 2, "go": {"n": 1}}
