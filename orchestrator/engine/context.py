@@ -227,14 +227,17 @@ class StepContext:
     @property
     def idempotency_key(self) -> str | None:
         """This step execution's key: ``run:step:tick`` (``:r{epoch}`` after a rollback), the same on every
-        retry and recovery of the execution. Reading it counts as sending it (see docs/sagas.md)."""
+        retry and recovery of the execution. Reading it counts as sending it (see docs/sagas.md); an
+        abandoned attempt of an effect step (timed out, cancelled) is refused it, as its calls are."""
         if self._key is not None and self._on_key is not None:
+            self._abandoned.guard()
             self._on_key()
         return self._key
 
     def key_sent(self) -> None:
         """Tell the engine the key is about to leave the process (what ``ctx.http`` does)."""
         if self._key is not None and self._on_key is not None:
+            self._abandoned.guard()
             self._on_key()
 
     def revoke(self) -> None:

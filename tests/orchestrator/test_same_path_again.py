@@ -187,3 +187,33 @@ def test_an_abandoned_attempt_that_waits_for_a_signal_neither_takes_it_nor_journ
     result = orc.resume("ab")
     assert result.status == "completed", result.error
     assert result.state == {"by": 2, "go": {"n": 1}}
+
+
+def test_an_abandoned_effect_attempt_is_refused_its_key_and_journals_no_key_issued(orc_factory):
+    # Given an effect step with a short timeout whose first attempt blocks past it before reading its key
+    wf = Workflow("slow-key")
+    release, late = threading.Event(), threading.Event()
+    met: list[str] = []
+
+    @wf.step(start=True, effect=True, timeout=0.05, resend=False)
+    def charge(ctx, state):
+        release.wait(60)
+        try:
+            met.append(ctx.idempotency_key)  # (to send it with a client of its own)
+        except BaseException as exc:  # noqa: BLE001 - the test records what the abandoned thread met
+            met.append(type(exc).__name__)
+        finally:
+            late.set()
+        return {"charged": True}
+
+    wf.edge("charge", END)
+    orc = orc_factory(wf)
+    result = orc.run(wf, {}, run_id="key")
+    before = [e["kind"] for e in orc.history("key")]
+    # When the abandoned attempt wakes up and reads its key
+    release.set()
+    assert late.wait(60)
+    # Then it is refused, and nothing more is journaled (no KeyIssued after the step was given up)
+    assert met == ["StepTimeoutError"]
+    assert [e["kind"] for e in orc.history("key")] == before
+    assert "KeyIssued" not in before and result.status == "failed"
