@@ -519,8 +519,9 @@ _SQLITE_GUARDS = _GuardLane(workers=2)
 for _lane in (_GUARDS, _SQLITE_GUARDS):
     os.register_at_fork(after_in_child=_lane.forget_threads)
 
-_TOOL_ERRORS = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError,
-                                               WaitTimeoutError)}
+#: the project's errors a journaled call failure is raised again as, with their fields
+_RAISED_AGAIN = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError,
+                                                WaitTimeoutError)}
 
 
 def _call(position: Position, kind: str | None = None) -> str:
@@ -539,7 +540,7 @@ def recorded_error(error: Mapping[str, Any], step: str, position: Position) -> E
     type when it is a builtin one (the step's ``except ValueError`` catches it again)."""
     type_name = str(error.get("type", "Exception"))
     message = str(error.get("message", ""))
-    cls = _TOOL_ERRORS.get(type_name.rsplit(".", 1)[-1]) if type_name.startswith("orchestrator.") else None
+    cls = _RAISED_AGAIN.get(type_name.rsplit(".", 1)[-1]) if type_name.startswith("orchestrator.") else None
     if cls is RetryableToolError:
         return RetryableToolError(message, tool=error.get("tool"), status=error.get("status"),
                                   retry_after=error.get("retry_after"))
