@@ -1,6 +1,6 @@
 """One measurement of bench/agents.py, in a fresh process: ``python _agents_child.py '<json spec>'``.
 
-spec: ``{"op": "floor" | "plain" | "llm" | "conversation", "n": runs, "steps": steps per run,
+spec: ``{"op": "floor" | "plain" | "durable" | "llm" | "conversation", "n": runs, "steps": steps per run,
 "model": base URL of the fake model server (ends in /v1), "db": store URL (not for the floor)}``.
 Prints one JSON line: ``{"seconds": wall time of the N concurrent runs, "ok": runs that completed}``
 (for ``conversation``: ``{"first_ms", "last_ms"}``, the mean step time over the first and last 100).
@@ -91,6 +91,24 @@ def plain_flow(model: str, steps: int) -> Workflow:
     return chain("agents_plain", steps, make)
 
 
+def durable_flow(model: str, steps: int) -> Workflow:
+    """The plain step's call made through ``ctx.adurable_call`` (its whole reply journaled): what
+    journaling a model's answer before the step goes on costs, with no model client of the project's."""
+    url = model + "/chat/completions"
+
+    def make(name: str):
+        async def step(ctx, state):
+            client = CLIENTS.get(ctx.run_id)
+            if client is None:
+                client = CLIENTS[ctx.run_id] = RawClient(url)
+            body = _body(f"run={ctx.run_id} step={name}")
+            reply = await ctx.adurable_call("llm", body, lambda: client.post(body))
+            return {name: len(reply["choices"][0]["message"]["content"])}
+        return step
+
+    return chain("agents_durable", steps, make)
+
+
 def llm_flow(model: str, steps: int) -> Workflow:
     llm = AsyncLLM(base_url=model, model="bench", api_key="bench")
 
@@ -121,7 +139,8 @@ async def floor(model: str, n: int, steps: int) -> dict:
 
 
 async def engine(op: str, model: str, db: str, n: int, steps: int) -> dict:
-    wf = plain_flow(model, steps) if op == "plain" else llm_flow(model, steps)
+    flows = {"plain": plain_flow, "durable": durable_flow, "llm": llm_flow}
+    wf = flows[op](model, steps)
     orc = Orchestrator(db, workflows=[wf])
     try:
         t0 = time.perf_counter()

@@ -11,6 +11,9 @@ call waits 50 ms on 127.0.0.1 and answers about 1 KB. Every measurement runs in 
 - ``floor``: the same N x 8 calls with no engine (an asyncio task per run, each with one keep-alive
   connection of its own: ``_agents_child.RawClient``);
 - ``plain``: an agentsaga workflow of 8 async steps, each making its call with a client it holds;
+- ``durable``: the same call made through ``ctx.adurable_call`` (the reply journaled before the step
+  goes on, as a model call must be to be paid once): the engine's share of a journaled call, the
+  floor for ``llm``;
 - ``llm``: the same through the project's own ``AsyncLLM`` (each call a journaled durable call).
 
 After each measurement the server's ledger is read: every (run, step) must have been called exactly
@@ -51,7 +54,7 @@ FULL = {"ns": [10, 100, 1000], "steps": 8, "reps": 3, "conversation": 1000, "sta
 QUICK = {"ns": [10], "steps": 8, "reps": 1, "conversation": 40, "startup_reps": 1, "lease": 1.0}
 TARGETS = {"plain_ratio_sqlite": 2.0, "plain_ratio_pg": 2.5, "llm_vs_plain": 1.3, "conversation_growth": 1.10,
            "takeover_over_lease": 0.5}
-OPS = ("floor", "plain", "llm")
+OPS = ("floor", "plain", "durable", "llm")
 CHILD = os.path.join(HERE, "_agents_child.py")
 SERVER = os.path.join(HERE, "_model_server.py")
 HANG = 1800.0  # seconds one measurement may take before it counts as hung
@@ -209,7 +212,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke mode: small counts, one repetition")
     ap.add_argument("--n", help="comma-separated run counts (default 10,100,1000)")
     ap.add_argument("--reps", type=int, help="repetitions (default 3)")
-    ap.add_argument("--ops", default=",".join(OPS), help="which of floor,plain,llm to measure")
+    ap.add_argument("--ops", default=",".join(OPS), help="which of floor,plain,durable,llm to measure")
     ap.add_argument("--backends", default="sqlite,pg", help="sqlite,pg")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: concurrent,conversation,takeover,startup")
     args = ap.parse_args()
@@ -325,18 +328,22 @@ def report(plan: dict, bench: Bench, runs: dict, convo: dict, takeover: dict, st
     for key, per in runs.items():
         backend, n = key.split("/")
         floor_s = _med(per.get("floor"))
-        plain_s, llm_s = _med(per.get("plain")), _med(per.get("llm"))
+        plain_s, durable_s, llm_s = _med(per.get("plain")), _med(per.get("durable")), _med(per.get("llm"))
         pr = plain_s / floor_s if plain_s and floor_s else None
         lr = llm_s / floor_s if llm_s and floor_s else None
         lp = llm_s / plain_s if llm_s and plain_s else None
-        ratios[key] = {"plain_ratio": pr, "llm_ratio": lr, "llm_vs_plain": lp}
+        dp = durable_s / plain_s if durable_s and plain_s else None
+        ld = llm_s / durable_s if llm_s and durable_s else None
+        ratios[key] = {"plain_ratio": pr, "llm_ratio": lr, "llm_vs_plain": lp, "durable_vs_plain": dp,
+                       "llm_vs_durable": ld}
         rows.append([backend, n, fmt_summary(per.get("floor")), fmt_summary(per.get("plain")),
-                     fmt_num(pr, 2), fmt_summary(per.get("llm")), fmt_num(lr, 2), fmt_num(lp, 2)])
+                     fmt_num(pr, 2), fmt_summary(per.get("durable")), fmt_num(dp, 2), fmt_summary(per.get("llm")),
+                     fmt_num(lr, 2), fmt_num(lp, 2), fmt_num(ld, 2)])
     if rows:
         print(f"{plan['steps']} steps per run, one 50 ms model call each; seconds to finish all N runs, "
               f"median (min-max) of {plan['reps']}")
-        print(table(["backend", "N", "floor s", "plain s", "plain/floor", "AsyncLLM s", "llm/floor", "llm/plain"],
-                    rows))
+        print(table(["backend", "N", "floor s", "plain s", "plain/floor", "durable s", "durable/plain", "AsyncLLM s",
+                     "llm/floor", "llm/plain", "llm/durable"], rows))
     crow = [[b, fmt_num(c["first_ms"]), fmt_num(c["last_ms"]), fmt_num(c["growth"], 2)]
             for b, c in convo.items() if c]
     if crow:

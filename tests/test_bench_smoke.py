@@ -140,8 +140,9 @@ def test_agents_quick_prints_the_required_json():
     for backend in backends:
         for n in out["plan"]["ns"]:
             per = out["runs"][f"{backend}/{n}"]
-            for op in ("floor", "plain", "llm"):
+            for op in ("floor", "plain", "durable", "llm"):
                 assert is_number(per[op]["median"]) and per[op]["median"] > 0, (backend, n, op, per)
+            assert is_number(out["ratios"][f"{backend}/{n}"]["llm_vs_durable"])
         convo = out["conversation"][backend]
         assert convo["status"] == "completed" and is_number(convo["first_ms"]) and is_number(convo["last_ms"])
         takeover = out["takeover"][backend]
