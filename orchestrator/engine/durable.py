@@ -32,9 +32,7 @@ side-effect free: the same rule as for any step that is re-run after a crash.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import difflib
-import functools
 import inspect
 import json
 import math
@@ -51,23 +49,15 @@ from orchestrator.engine.events import EventKind
 from orchestrator.engine.fold import wait_key
 from orchestrator.engine.journal import ActiveRun, Encoded, JournalWriter
 from orchestrator.engine.names import name_problem, shown
+from orchestrator.engine.raised_again import failure_fields, recorded_error
 from orchestrator.engine.services import NotJournaled
-from orchestrator.errors import (
-    CallChangedError,
-    CallFailedError,
-    CircuitOpenError,
-    EncodingError,
-    PermanentToolError,
-    RetryableToolError,
-    ToolError,
-    WaitTimeoutError,
-)
+from orchestrator.errors import CallChangedError, EncodingError, WaitTimeoutError
 from orchestrator.payload import codec
 from orchestrator.payload.exceptions import error_record
 from orchestrator.payload.redact import same_request
 from store import FencedError, RunNotFoundError
 
-__all__ = ["FOREVER", "CallGuard", "DurableExecution", "Suspend", "check_lease", "recorded_error"]
+__all__ = ["FOREVER", "CallGuard", "DurableExecution", "Suspend", "check_lease"]
 
 #: wake_at of a run waiting with no timeout: only a signal wakes it
 FOREVER = 1e18
@@ -203,7 +193,7 @@ class DurableExecution:
                 if prior.get("attempt") == self.attempt:
                     # This attempt's call failed before a crash: its outcome is decided, raise it again
                     # rather than sending it twice (a retry, a later attempt, performs it anew).
-                    raise recorded_error(prior["error"], self.step, position)
+                    raise recorded_error(prior["error"], self.step, _call(position), homes=self._homes())
                 return position, text, _NOT_DONE, False, inside_replaced
             # A call inside one performed again for a changed request belongs to that request: it
             # may change with it (the enclosing call's if_changed="perform" covers what it makes).
@@ -214,6 +204,13 @@ class DurableExecution:
             response = self.replay.lookup(self.step, self.visit, position, kind, codec.loads(text))
             return position, text, self._record(kind, position, text, response, 0.0, replayed=True), False, False
         return position, text, _NOT_DONE, False, inside_replaced
+
+    def _homes(self) -> tuple[str, ...]:
+        """The module of this step's function: where a class journaled by its bare name is also
+        looked for when its failure is raised again (``raised_again.recorded_error``)."""
+        spec = self.run.workflow.steps.get(self.step)
+        home = getattr(getattr(spec, "fn", None), "__module__", None)
+        return (home,) if isinstance(home, str) else ()
 
     def _record(self, kind: str, position: Position, request: str, response: Any, ms: float, *,
                 replayed: bool = False, replaced: bool = False, effect: Any = None) -> Any:
@@ -275,11 +272,7 @@ class DurableExecution:
                 self.guard()
             except BaseException:
                 return  # a fenced or abandoned attempt records nothing
-        error = error_record(exc, with_traceback=False)
-        for name in ("tool", "status", "retry_after", "signal", "timeout_at"):
-            value = getattr(exc, name, None)
-            if value is not None:
-                error[name] = value
+        error = {**error_record(exc, with_traceback=False), **failure_fields(exc)}
         self.journal.commit(self.run, [(EventKind.CALL_FAILED, self.journal.with_parts(EventKind.CALL_FAILED, {
             "step": self.step, "tick": self.tick, "index": position, "kind": kind, "error": error,
             "attempt": self.attempt, "ms": round(ms, 3)}, {"request": request}))])
@@ -519,11 +512,6 @@ _SQLITE_GUARDS = _GuardLane(workers=2)
 for _lane in (_GUARDS, _SQLITE_GUARDS):
     os.register_at_fork(after_in_child=_lane.forget_threads)
 
-#: the project's errors a journaled call failure is raised again as, with their fields
-_RAISED_AGAIN = {cls.__name__: cls for cls in (PermanentToolError, RetryableToolError, CircuitOpenError, ToolError,
-                                                WaitTimeoutError)}
-
-
 def _call(position: Position, kind: str | None = None) -> str:
     """How a message names a call: ``call 2 (llm)``, or ``call 1.0 (llm, inside call 1)``."""
     text = str(position)
@@ -531,42 +519,6 @@ def _call(position: Position, kind: str | None = None) -> str:
     if "." in text:
         about.append(f"inside call {text.rsplit('.', 1)[0]}")
     return f"call {text} ({', '.join(about)})" if about else f"call {text}"
-
-
-def recorded_error(error: Mapping[str, Any], step: str, position: Position) -> Exception:
-    """The exception a journaled call failure stands for: the same tool error class (or the
-    ``WaitTimeoutError`` of a wait inside the call) with its fields (the journal holds no pickled
-    exceptions), or a ``CallFailedError`` naming the original type, which is also an instance of that
-    type when it is a builtin one (the step's ``except ValueError`` catches it again)."""
-    type_name = str(error.get("type", "Exception"))
-    message = str(error.get("message", ""))
-    cls = _RAISED_AGAIN.get(type_name.rsplit(".", 1)[-1]) if type_name.startswith("orchestrator.") else None
-    if cls is RetryableToolError:
-        return RetryableToolError(message, tool=error.get("tool"), status=error.get("status"),
-                                  retry_after=error.get("retry_after"))
-    if cls is CircuitOpenError:
-        return CircuitOpenError(message, tool=error.get("tool"))
-    if cls is WaitTimeoutError:  # a wait inside the call timed out: the step is told so again, as it was
-        return WaitTimeoutError(message, step=step, signal=error.get("signal"), timeout_at=error.get("timeout_at"))
-    if cls is not None:
-        return cls(message, tool=error.get("tool"), status=error.get("status"))
-    text = (f"{_call(position)} of step {step!r} failed earlier in this attempt and is not performed again: "
-            f"{type_name}: {message}")
-    builtin = getattr(builtins, type_name, None) if "." not in type_name else None
-    if isinstance(builtin, type) and issubclass(builtin, Exception) and builtin is not Exception:
-        try:  # an ``except KeyError`` that caught it the first time catches it again
-            return _failed_as(builtin)(text, type_name=type_name)
-        except TypeError:  # (a builtin whose constructor needs more than a message)
-            pass
-    return CallFailedError(text, type_name=type_name)
-
-
-@functools.lru_cache(maxsize=None)
-def _failed_as(builtin: type[Exception]) -> type[CallFailedError]:
-    """``CallFailedError`` that is also a ``builtin`` exception (``KeyError``, ``ValueError``...):
-    named as ``CallFailedError`` wherever it is recorded."""
-    return type("CallFailedError", (CallFailedError, builtin), {"__module__": CallFailedError.__module__,
-                                                                 "__qualname__": CallFailedError.__qualname__})
 
 
 def _changed(step: str, position: Position, prior: Mapping[str, Any], kind: str, request: Any) -> str:
