@@ -35,6 +35,7 @@ from explorer_harness import ExplorerService
 
 from orchestrator import Orchestrator, RunResult, WaitTimeoutError
 from orchestrator.agents import LLM, ToolContext, ToolRegistry, run_tool_loop
+from orchestrator.errors import PermanentToolError
 from orchestrator.testing import Reply, reply
 from workflows import END, Retry, Workflow, reducers
 
@@ -651,6 +652,60 @@ class Escalate(Flow):
         return orc.resume(run_id)
 
 
+class CardDeclined(Exception):
+    """The ``declined`` flow's own error (a user's class, not the project's): the bank's answer."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"card declined ({status})")
+        self.status = status
+
+
+class Declined(Flow):
+    """A user's own error class, a durable call and a ``Retry`` that gives up on it. ``charge`` pays
+    through a durable call (its ``ctx.http`` request is call 0.0 inside it) and turns the bank's 402
+    into ``CardDeclined``; the step's ``Retry(give_up_on=(CardDeclined,))`` fails it at once, and its
+    failure route ``apologise`` records why. Wherever a process dies, the decline journaled as the
+    call's failure comes back as ``CardDeclined`` when the attempt runs again, so the step gives up
+    as it did: an attempt after the first is a declined card charged again (a violation, recorded by
+    the step itself)."""
+
+    status = "completed"
+    variants = ("resend",)  # (no effect step: the in-doubt rules do not apply)
+
+    def __init__(self, world: Any, variant: str = "resend") -> None:
+        wf = Workflow("declined", version="1")
+
+        def pay(ctx: Any) -> str:
+            try:
+                return ctx.http.post(f"{world.api}/payments", json={"amount": 35}).json()["id"]
+            except PermanentToolError as exc:
+                raise CardDeclined(exc.status) from None
+
+        @wf.step(start=True, retry=Retry(attempts=3, initial=0.01, give_up_on=(CardDeclined,)),
+                 on_failure="apologise")
+        def charge(ctx, state):
+            world.executed(ctx)
+            if ctx.attempt > 1:
+                world.violations.append(f"charge ran attempt {ctx.attempt}: a declined card was charged again")
+            try:
+                return {"payment": ctx.durable_call("charge", {"amount": 35}, lambda: pay(ctx))}
+            except CardDeclined as no:
+                ctx.trace(f"the bank declined the card: {no.status}")  # its attribute, as raised
+                raise
+
+        @wf.step()
+        def apologise(ctx, state):
+            world.executed(ctx)
+            return {"apology": ctx.failure["type"]}
+
+        wf.edge("charge", END)
+        wf.edge("apologise", END)
+        self.workflow = wf
+
+    def prepare(self, world: Any) -> None:
+        world.service.fail_payments(402)  # the card is declined, every time
+
+
 FLOWS: dict[str, type[Flow]] = {"trip": Trip, "fanout": Fanout, "threads": Threads, "approval": Approval,
                                 "agent": Agent, "nested": Nested, "order": Order, "catalog": Catalog,
-                                "escalate": Escalate}
+                                "escalate": Escalate, "declined": Declined}
