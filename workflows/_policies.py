@@ -83,7 +83,13 @@ class Retry:
         return base + self.jitter * u
 
     def should_retry(self, error: BaseException) -> bool:
-        return isinstance(error, self.retry_on) and not isinstance(error, self.give_up_on)
+        if not isinstance(error, self.retry_on) or isinstance(error, self.give_up_on):
+            return False
+        # A durable call's failure raised again from the journal as a CallFailedError (its class could
+        # not be made again): given up on when its recorded type names a give_up_on class, as the
+        # error it stands for was (a declined charge is not retried because it came back renamed).
+        named = getattr(error, "type_name", None)
+        return not (isinstance(named, str) and any(_names(named, t) for t in self.give_up_on))
 
     def describe(self) -> dict[str, object]:
         return {
@@ -95,6 +101,13 @@ class Retry:
             "retry_on": [t.__qualname__ for t in self.retry_on],
             "give_up_on": [t.__qualname__ for t in self.give_up_on],
         }
+
+
+def _names(recorded: str, cls: type[BaseException]) -> bool:
+    """Whether ``recorded`` (a type as a journal names it: ``module.Qual``, or ``Qual`` for a class
+    of ``__main__`` or a builtin) is ``cls``, whichever module the class was loaded as since."""
+    return recorded in (cls.__qualname__, f"{cls.__module__}.{cls.__qualname__}") or \
+        recorded.endswith(f".{cls.__qualname__}")
 
 
 #: The default: a step runs once; a failure goes to its failure route or fails the run.

@@ -17,7 +17,7 @@ import pytest
 from orchestrator import Orchestrator
 from orchestrator.engine.raised_again import failure_fields, recorded_error
 from orchestrator.errors import CallFailedError
-from workflows import END, Workflow
+from workflows import END, Retry, Workflow
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -231,3 +231,45 @@ def test_an_error_whose_str_and_fields_raise_is_still_recorded():
 
     # When the failure of a call that raised it is recorded / Then what can be kept is kept
     assert failure_fields(Broken("a")) == {"args": ["a"]}
+
+
+class Picky(Exception):
+    """An error class with a ``__new__`` of its own: never made from a journal."""
+
+    def __new__(cls, *args):
+        return super().__new__(cls, *args)
+
+
+def test_an_error_that_cannot_be_made_again_is_still_given_up_on_by_its_name(db_url, tmp_path):
+    # Given a step whose charge raises Picky (which comes back as a CallFailedError naming it), and
+    # whose Retry gives up on Picky; the step caught it the first time and waited before raising it
+    ledger = tmp_path / "ledger"
+    wf = Workflow("picky-give-up")
+
+    def charge():
+        with ledger.open("a") as out:
+            out.write("charge\n")
+        raise Picky("declined")
+
+
+    @wf.step(start=True, retry=Retry(attempts=3, initial=0.01, give_up_on=(Picky,)))
+    def pay(ctx, state):
+        try:
+            ctx.durable_call("charge", {"card": "4242"}, charge)
+        except Picky:
+            ctx.wait_for("go")
+            raise
+        return {}
+
+    wf.edge("pay", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        assert orc.run(wf, {}, run_id="picky").status == "waiting"
+        # When the step runs again (its charge's failure journaled) and the error reaches the Retry
+        orc.signal("picky", "go", True)
+        result = orc.resume("picky")
+        kinds = [e["kind"] for e in orc.history("picky")]
+    # Then the Retry gave up on it by its recorded name: the card was charged once
+    assert result.status == "failed"
+    assert "Picky" in result.error
+    assert ledger.read_text().splitlines() == ["charge"]
+    assert "StepRetrying" not in kinds
