@@ -157,7 +157,12 @@ class RunFailedError(OrchestratorError):
 
 class InDoubtError(OrchestratorError):
     """An effect's intent was journaled but not its result, and it has no ``check`` hook and does
-    not declare its idempotency key honoured, so it can be neither checked nor safely re-sent."""
+    not declare its idempotency key honoured, so it can be neither checked nor safely re-sent.
+    ``reason``: why it could not be settled, in a few words (what the journal's ``doubt`` says)."""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class ToolError(OrchestratorError):

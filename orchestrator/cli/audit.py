@@ -150,7 +150,7 @@ def _show_lines(s: RunSummary, *, limit: int | None, recover: str = "agentsaga r
     for e in s.effects:
         if e["status"] == "in doubt":
             out.append(f"in doubt: effect {safe(e['step'])} with key {safe(e['key'])} may have taken effect "
-                       f"({safe(e.get('reason'))}); look the key up at its service")
+                       f"({safe(e.get('reason'))}); look it up at its service")
     for f in s.earlier_failures:  # history: the run went back past them (a rollback)
         out.append(f"before the rollback at seq {f['rolled_back_at']}: {_cause_line(f)}")
     executions = s.executions

@@ -63,5 +63,6 @@ class RunResult:
         if self.in_doubt and self.status in ("cancelled", "compensation_failed"):
             names = ", ".join(f"{d.get('step')} (key {d.get('key')})" for d in self.in_doubt)
             detail += (f"; these effects may have taken effect and were NOT undone (in doubt): {names}; look each "
-                       "key up at its service and undo what stands by hand")
+                       "one up at its service (by its key, unless its reason says the key was not sent) and "
+                       "undo what stands by hand")
         return f"run {self.run_id!r} ended {self.status}{where}{detail}"

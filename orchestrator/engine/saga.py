@@ -99,8 +99,8 @@ def _listed(folded: RunState) -> dict[str, Any]:
 
 def _doubt_words(doubts: list[dict[str, Any]]) -> str:
     names = ", ".join(f"{d.get('step')} (key {d.get('key')})" for d in doubts)
-    return (f"these effects may have taken effect and were NOT undone (in doubt): {names}; look each key up at "
-            "its service and undo what stands by hand (docs/sagas.md, \"In doubt after a failure\")")
+    return (f"these effects may have taken effect and were NOT undone (in doubt): {names}; look each one up at "
+            "its service (by its key, unless its reason says the key was not sent) and undo what stands by hand (docs/sagas.md, \"In doubt after a failure\")")
 
 
 def in_doubt_error(step: Any, error: dict[str, Any], doubts: list[dict[str, Any]], *,

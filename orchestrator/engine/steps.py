@@ -232,8 +232,9 @@ class StepRunner:
             except _CheckRaised as raised:
                 # The effect stays in doubt: say so at the step, visibly, instead of leaving the run stuck.
                 exc = raised.error
-                doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened, and its check "
-                                     f"hook raised {type(exc).__name__}: {exc}; it is not sent again")
+                why = f"its check hook raised {type(exc).__name__}: {exc}"
+                doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened, and {why}; "
+                                     "it is not sent again", reason=why)
                 doubt.__cause__ = exc
                 self.fail(run, name, attempt, doubt)
                 return True
@@ -242,7 +243,7 @@ class StepRunner:
         if step.resend is False:
             self.fail(run, name, attempt, InDoubtError(
                 f"effect step {name!r} (key {key!r}) may or may not have happened: it has no check hook and "
-                "resend=False, so it is not sent again"))
+                "resend=False, so it is not sent again", reason="it has no check hook and declares resend=False"))
             return True
         intent = folded.in_flight.get(name, {})
         if intent.get("key_issued"):
@@ -254,7 +255,9 @@ class StepRunner:
             "process (ctx.idempotency_key was not read, ctx.http had sent nothing), so a call made another way "
             "could be done twice by a re-send. Give the step a check= hook that looks the effect up, or declare "
             "resend=True if it reaches the world only through ctx.http (every request carries the key) or its "
-            "call is idempotent by other means"))
+            "call is idempotent by other means",
+            reason=f"{'cancelled while it ran' if intent.get('cancelled') else 'interrupted'}, its idempotency key "
+                   f"not sent: the service does not know the key, look the effect up by what the step sent"))
         return True
 
     async def ask_check(self, run: ActiveRun, name: str, key: str | None, attempt: int) -> bool:
@@ -335,12 +338,16 @@ class StepRunner:
         after it started, unless the last attempt was refused outright (``refused``); and always
         when the failure is itself an ``InDoubtError`` (a crash, a timeout or a cancellation that
         could not be settled)."""
+        if self.replay is not None:
+            # Replayed from a cassette: every durable call (ctx.http's too) was answered from it, and
+            # nothing the engine sends left the process: no service can have acted.
+            return None
         folded = run.folded
         intent = folded.in_flight.get(name) or {}
         key = intent.get("key") or folded.issued.get(name) or idempotency_key(run, name)
         if isinstance(exc, InDoubtError):
-            return {"key": key, "reason": "the outcome of an attempt could not be settled (no check hook, and its "
-                                          "key had not left the process or re-sending was refused)"}
+            return {"key": key, "reason": f"the outcome of an attempt could not be settled: "
+                                          f"{exc.reason or 'it was neither checked nor sent again'}"}
         if intent.get("in_doubt"):
             return {"key": key, "reason": "its last attempt timed out after it started, and may have reached the "
                                           "outside world"}
@@ -663,8 +670,9 @@ def _has_compensation(step: Any, compensations: Compensations | None) -> bool:
 def _bad_check(name: str, key: str | None, exc: Exception) -> InDoubtError:
     """A check hook answered with something that is not an update the journal can hold: the effect
     stays in doubt, visibly, instead of the run's driver failing on every resume."""
-    doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened: its check hook "
-                         f"returned what cannot be its update ({type(exc).__name__}: {exc}); it is not sent again")
+    why = f"its check hook returned what cannot be its update ({type(exc).__name__}: {exc})"
+    doubt = InDoubtError(f"effect step {name!r} (key {key!r}) may or may not have happened: {why}; it is not "
+                         "sent again", reason=why)
     doubt.__cause__ = exc
     return doubt
 

@@ -174,3 +174,27 @@ def test_a_payment_the_service_refuses_outright_is_not_in_doubt(orc_factory, ser
     assert "InDoubtError" not in (result.error or "")
     final: dict[str, Any] = [e["data"] for e in orc.history("p6") if e["kind"] == "StepFailed"][-1]
     assert "doubt" not in final
+
+
+def test_a_replayed_effect_step_whose_request_changed_is_a_mismatch_not_an_effect_in_doubt(db_url):
+    # Given a recording of an effect step's charge, and code that now charges another amount
+    from orchestrator import Orchestrator
+    from orchestrator.agents import Cassette
+
+    cassette = Cassette([{"step": "pay", "visit": 0, "index": 0, "kind": "charge", "request": {"amount": 35},
+                          "response": {"id": "payment-1"}}])
+    wf = Workflow("replayed-charge")
+
+    @wf.step(start=True, effect=True)
+    def pay(ctx, state):
+        ctx.idempotency_key  # noqa: B018 (read to be sent, as a client of its own would)
+        return {"paid": ctx.durable_call("charge", {"amount": 40}, lambda: {"id": "never"})}
+
+    wf.edge("pay", END)
+    # When the run is replayed
+    with Orchestrator(db_url, workflows=[wf], replay=cassette) as orc:
+        result = orc.run(wf, {}, run_id="rp")
+    # Then it fails with the mismatch, and nothing is said to stand at a service: nothing was sent
+    assert result.status == "failed"
+    assert result.error.startswith("orchestrator.errors.ReplayMismatchError"), result.error
+    assert not result.in_doubt and "in doubt" not in result.error

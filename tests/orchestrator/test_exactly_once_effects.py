@@ -49,6 +49,30 @@ def test_a_retried_effect_journals_its_intent_before_every_attempt_and_a_crash_i
     # Then the in-doubt charge is not sent again (resend=False): the step fails with InDoubtError
     assert sent == [1, 2]
     assert result.status == "failed" and "InDoubtError" in result.error
+    # and the run's record of what may stand says why (resend=False), not that there was no key
+    [doubt] = result.in_doubt
+    assert doubt["reason"].endswith("it has no check hook and declares resend=False"), doubt
+
+
+def test_an_effect_whose_key_never_left_says_so_where_it_is_listed_in_doubt(orc_factory):
+    # Given an effect step that calls its service with a client of its own (its key never read) and
+    # whose process dies with the call out
+    wf = Workflow("own-client")
+
+    @wf.step(start=True, effect=True)
+    def book(ctx, state):
+        raise Died
+
+    wf.edge("book", END)
+    with pytest.raises(Died):
+        orc_factory(wf).run(wf, {}, run_id="k1")
+    # When it is resumed (the default rule: not sent again, failed in doubt)
+    result = orc_factory(wf).resume("k1")
+    # Then what may stand says the service never got the key: look the booking up by what was sent
+    assert result.status == "failed" and "InDoubtError" in result.error
+    [doubt] = result.in_doubt
+    assert "its idempotency key not sent: the service does not know the key" in doubt["reason"], doubt
+    assert "unless its reason says the key was not sent" in result.error
 
 
 # -- case 9: a check hook that raises ----------------------------------------------------------------------
@@ -86,6 +110,9 @@ def test_a_check_hook_that_raises_fails_the_step_visibly_and_recover_goes_on_to_
     assert results["x-bad"].status == "failed"
     assert "InDoubtError" in results["x-bad"].error and "lookup API is down" in results["x-bad"].error
     assert results["y-good"].status == "completed"
+    # and the run's record of what may stand says why: the hook raised (not "no check hook")
+    [doubt] = results["x-bad"].in_doubt
+    assert doubt["reason"].endswith("its check hook raised ConnectionError: the provider's lookup API is down"), doubt
 
 
 @pytest.mark.parametrize("found, said", [
@@ -115,6 +142,8 @@ def test_a_check_hook_answering_what_cannot_be_an_update_fails_the_step_in_doubt
     assert "InDoubtError" in result.error and "its check hook returned what cannot be its update" in result.error
     assert said in result.error
     assert sent == [1]
+    [doubt] = result.in_doubt
+    assert "its check hook returned what cannot be its update" in doubt["reason"] and "no check hook" not in doubt["reason"]
 
 
 # -- case 16: a fenced-out owner stops before its next outgoing call ---------------------------------------
