@@ -153,17 +153,22 @@ def _loaded_class(type_name: str, homes: tuple[str, ...] = ()) -> type[Exception
     imported). It must be that class's own name (not another name bound to it), an ``Exception``,
     and made by a builtin ``__new__``."""
     parts = type_name.split(".")
-    splits = [(home, parts) for home in ("__main__", *homes)] if len(parts) == 1 else [
-        (".".join(parts[:i]), parts[i:]) for i in range(len(parts) - 1, 0, -1)]
-    for module_name, names in splits:
+    # ``module.Qual.Name``: the longest prefix that is an imported module is the module. When none
+    # is, the whole name is a class of ``__main__`` (journaled without its module, ``Outer.Inner``
+    # too) or, resumed from elsewhere, of the step function's module.
+    for i in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:i])
         if module_name.partition(".")[0] in _OURS:
             return None
         module = sys.modules.get(module_name)
-        if module is None:
-            continue
-        found = _own_class(module, module_name, names)
-        if found is not None or len(parts) > 1:
-            return found
+        if module is not None:
+            return _own_class(module, module_name, parts[i:])
+    for module_name in ("__main__", *homes):
+        module = sys.modules.get(module_name)
+        if module is not None and module_name.partition(".")[0] not in _OURS:
+            found = _own_class(module, module_name, parts)
+            if found is not None:
+                return found
     return None
 
 

@@ -273,3 +273,19 @@ def test_an_error_that_cannot_be_made_again_is_still_given_up_on_by_its_name(db_
     assert "Picky" in result.error
     assert ledger.read_text().splitlines() == ["charge"]
     assert "StepRetrying" not in kinds
+
+
+def test_a_class_nested_in_a_class_of_the_running_script_is_found_there(monkeypatch):
+    # Given a class nested in a class of __main__ (journaled as "Outer.Nested", no module)
+    main = types.ModuleType("__main__")
+
+    class Outer:
+        class Nested(Exception):
+            pass
+
+    Outer.__module__, Outer.__qualname__ = "__main__", "Outer"
+    Outer.Nested.__module__, Outer.Nested.__qualname__ = "__main__", "Outer.Nested"
+    main.Outer = Outer
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    # When it is raised again / Then it is itself
+    assert type(recorded_error(_error("Outer.Nested"), "pay", "call 0")) is Outer.Nested
