@@ -208,7 +208,11 @@ class SagaRunner:
     async def _compensate_one(self, run: ActiveRun, effect: EffectRecord, handler: Any) -> bool:
         commit = self.journal.commit
         policy = self.policy(effect.name)
-        attempt = effect.compensation_attempts
+        # The policy's attempts count from this drive of the saga: `compensate` after an outage (the
+        # run compensation_failed, the earlier attempts spent) tries again with the whole policy, and
+        # so waits out a breaker the outage left open, instead of failing at its first refusal.
+        # Attempt numbers in the journal go on from the earlier ones.
+        attempt = before = effect.compensation_attempts
         while True:
             attempt += 1
             commit(run, [(EventKind.COMPENSATION_STARTED, {
@@ -232,8 +236,9 @@ class SagaRunner:
             except Exception as exc:
                 # The service answered "no" (a 4xx: the booking is not found, the request is refused):
                 # asking again cannot change that, only keep the operator from seeing it, as for a step.
-                retry = not isinstance(exc, PermanentToolError) and policy.should_retry(exc, attempt)
-                delay = not_before(policy.backoff(attempt, self.rng.random()), exc, self.clock) if retry else None
+                tries = attempt - before
+                retry = not isinstance(exc, PermanentToolError) and policy.should_retry(exc, tries)
+                delay = not_before(policy.backoff(tries, self.rng.random()), exc, self.clock) if retry else None
                 failed = {"effect": effect.seq, "step": effect.step, "attempt": attempt, "error": error_record(exc),
                           "retry_in": round(delay, 6) if delay is not None else None, "final": not retry}
                 await _close_tools(ctx, failed)

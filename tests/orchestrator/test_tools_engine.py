@@ -285,3 +285,69 @@ def test_a_compensation_waits_out_the_breaker_its_failing_step_opened(orc_factor
     assert [e["kind"] for e in history if e["kind"].startswith("Compensation")][-1] == "CompensationCompleted"
     booked = [e["id"] for e in ledger if e["action"] == "book"]
     assert len(booked) == 1 and [e["id"] for e in ledger if e["action"] == "cancel"] == booked, ledger
+
+
+def test_compensate_after_an_outage_waits_out_the_breaker_the_outage_left_open(orc_factory, fake_time):
+    # Given a booking whose cancellation endpoint is down (503) for as long as the saga tries (its
+    # 5 attempts open the host's breaker: 5 failures), so the run ends compensation_failed
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    down = threading.Event()
+    down.set()
+    cancelled: list[str] = []
+
+    class Bookings(BaseHTTPRequestHandler):
+        def _answer(self, status: int, body: dict | None = None) -> None:
+            data = json.dumps(body or {}).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._answer(201, {"id": "f1"})
+
+        def do_DELETE(self):
+            if down.is_set():
+                self._answer(503)
+            else:
+                cancelled.append(self.path)
+                self._answer(200)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Bookings)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = f"http://127.0.0.1:{server.server_address[1]}"
+    wf = Workflow("outage-then-compensate")
+
+    @wf.step(start=True, compensate=lambda ctx, effect: ctx.http.delete(f"{api}/flights/{effect.result['id']}"))
+    def book(ctx, state):
+        return {"id": ctx.http.post(f"{api}/flights", json={"to": "Oslo"}).json()["id"]}
+
+    @wf.step()
+    def pay(ctx, state):
+        raise ValueError("card declined")
+
+    wf.edge("book", "pay")
+    wf.edge("pay", END)
+    try:
+        orc = orc_factory(wf, breakers=BreakerRegistry())
+        assert orc.run(wf, {}, run_id="o1").status == "compensation_failed"
+        # When the outage is over and the operator runs compensate straight away
+        down.clear()
+        result = orc.compensate("o1")
+        history = orc.history("o1")
+    finally:
+        server.shutdown()
+    # Then its first attempt met the breaker the outage left open and waited until it let a probe
+    # through, instead of failing at once with the earlier attempts spent: the flight is cancelled
+    assert result.status == "compensated", result.error
+    assert cancelled == ["/flights/f1"]
+    failed = [e["data"] for e in history if e["kind"] == "CompensationFailed"]
+    assert [f["error"]["type"] for f in failed][-1] == "orchestrator.errors.CircuitOpenError"
+    assert failed[-1]["final"] is False and failed[-1]["retry_in"] >= 1
