@@ -271,13 +271,17 @@ class StepRunner:
         check = resolve_check(step, self.compensations)
         assert check is not None
         ctx = StepContext(run_id=run.run_id, workflow=wf.name, step=name, attempt=attempt, tick=folded.tick,
-                          clock=self.clock, idempotency_key=key)
+                          clock=self.clock, idempotency_key=key,
+                          tools=_LookUps(self.tools) if self.tools is not None else None)
         try:
             found = check(ctx, state_view(wf, folded.state))
             if inspect.isawaitable(found):
                 found = await found
         except Exception as exc:
             raise _CheckRaised(exc) from exc
+        finally:
+            if ctx.used_tools is not None:
+                await ctx.used_tools.aclose()
         if found is None:
             return False
         try:
@@ -658,6 +662,26 @@ def _on_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Awaitabl
 
     threading.Thread(target=target, name=f"agentsaga-step-{name}", daemon=True).start()
     return future
+
+
+class _LookUps:
+    """A check hook's tools: ``ctx.http`` / ``ctx.ahttp`` to look the effect up at its service, sending
+    no idempotency key (a look-up must not be taken for the effect itself; the hook reads
+    ``ctx.idempotency_key`` and sends it where the service's look-up wants it)."""
+
+    def __init__(self, tools: ToolsForSteps) -> None:
+        self._tools = tools
+
+    @property
+    def warmed(self) -> bool:
+        return self._tools.warmed
+
+    def warm(self) -> None:
+        self._tools.warm()
+
+    def for_step(self, *, key: str | None, attempt: int, durable: Any, on_key: Any = None,
+                 before_send: Any = None) -> Any:
+        return self._tools.for_step(key=None, attempt=attempt, durable=None)
 
 
 def _has_compensation(step: Any, compensations: Compensations | None) -> bool:

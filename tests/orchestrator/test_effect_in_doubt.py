@@ -198,3 +198,38 @@ def test_a_replayed_effect_step_whose_request_changed_is_a_mismatch_not_an_effec
     assert result.status == "failed"
     assert result.error.startswith("orchestrator.errors.ReplayMismatchError"), result.error
     assert not result.in_doubt and "in doubt" not in result.error
+
+
+def test_a_check_hook_looks_the_effect_up_with_ctx_http_without_sending_the_key(orc_factory, service):
+    # Given a booking whose process died after the service made it, and a check hook that looks its key
+    # up in the service's ledger through ctx.http
+    from exactly_once_helpers import Died
+
+    seen_headers: list = []
+    wf = Workflow("look-up")
+
+    def booked(ctx, state):
+        reply = ctx.http.get(f"{service.url}/ledger")
+        seen_headers.append(reply.request.headers.get("Idempotency-Key"))
+        made = [e for e in reply.json() if e["action"] == "book" and e.get("idempotency_key") == ctx.idempotency_key]
+        return {"hotel": made[0]["id"]} if made else None
+
+    @wf.step(start=True, effect=True, check=booked)
+    def book(ctx, state):
+        ctx.http.post(f"{service.url}/hotels", json={"room": "A"})
+        raise Died
+
+    wf.edge("book", END)
+    with pytest.raises(Died):
+        orc_factory(wf).run(wf, {}, run_id="h1")
+    # When the run is resumed in a new process
+    orc = orc_factory(wf)
+    result = orc.resume("h1")
+    # Then the hook found the booking through ctx.http (its look-up sent no idempotency key), the step
+    # completed with it, and the hotel was booked once
+    assert result.status == "completed", result.error
+    assert result.state["hotel"] == "hotel-1"
+    assert seen_headers == [None]
+    assert [e["action"] for e in service.ledger()] == ["book"]
+    [done] = [e["data"] for e in orc.history("h1") if e["kind"] == "StepCompleted"]
+    assert done["reconciled"] == "check"
