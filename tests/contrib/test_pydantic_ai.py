@@ -372,3 +372,54 @@ def test_an_effect_tool_sends_its_key_with_tool_context_http_and_its_undo_sends_
     key = "h1:reserve:0:booker:1:pyd_ai_tool_call_id__book"
     assert [(e["action"], e["idempotency_key"]) for e in ledger] == [("book", key), ("cancel", f"{key}:compensate")]
     assert_verifies(db_url, "h1")
+
+
+def test_a_tool_that_asked_the_model_to_retry_asks_again_from_the_journal_when_the_step_runs_again(db_url):
+    # Given an agent whose tool refuses an unknown city with ModelRetry (pydantic-ai then tells the
+    # model, which asks again with another city), in a step that then waits for a signal
+    from pydantic_ai import Agent, ModelRetry
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from orchestrator.contrib.pydantic_ai import AgentsagaDurability
+    from workflows import END, Workflow
+
+    looked_up: list[str] = []
+
+    def model(messages, info):
+        answered = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if answered == 0:
+            return ModelResponse(parts=[ToolCallPart("weather", {"city": "Atlantis"}, tool_call_id="w1")])
+        if answered == 1:
+            return ModelResponse(parts=[ToolCallPart("weather", {"city": "Lisbon"}, tool_call_id="w2")])
+        got = [p.content for m in messages for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart)]
+        return ModelResponse(parts=[TextPart(f"weather: {got}")])
+
+    agent = Agent(FunctionModel(model), name="retrying", capabilities=[AgentsagaDurability()])
+
+    @agent.tool_plain
+    def weather(city: str) -> str:
+        looked_up.append(city)
+        if city == "Atlantis":
+            raise ModelRetry("no such city, pick a real one")
+        return f"sunny in {city}"
+
+    wf = Workflow("model-retry")
+
+    @wf.step(start=True)
+    async def ask(ctx, state):
+        result = await agent.run("weather?")
+        ctx.wait_for("go")
+        return {"answer": result.output}
+
+    wf.edge("ask", END)
+    with Orchestrator(db_url, workflows=[wf]) as orc:
+        assert orc.run(wf, {}, run_id="mr").status == "waiting"
+        # When the signal wakes the step and it runs again from its first line
+        orc.signal("mr", "go", {})
+        result = orc.resume("mr")
+    # Then the journaled refusal came back as ModelRetry, pydantic-ai told the model as it had, and
+    # the run completed with the same answer; no tool ran again
+    assert result.status == "completed", result.error
+    assert result.state["answer"] == "weather: ['no such city, pick a real one', 'sunny in Lisbon']"
+    assert looked_up == ["Atlantis", "Lisbon"]
