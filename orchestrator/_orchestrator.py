@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
+import math
 import os
 import random
 import threading
@@ -40,6 +42,7 @@ from orchestrator.payload.redact import Redactor
 from orchestrator.tools.breakers import StoreBreakers
 from orchestrator.tools.limits import CallLimits, ToolLimits
 from orchestrator.tools.toolbox import ToolBox
+from store import ConfigError as StoreConfigError
 from store import LeaseHeldError, RunRecord, SnapshotInfo, Store, open_store
 from workflows import Workflow
 
@@ -150,7 +153,7 @@ class Orchestrator:
         self._breaker_settings = breakers if breakers is not None else default_breakers
         self.workflows = WorkflowRegistry(on_register=self._declare_breakers)
         self.workflows.register(*workflows)
-        self.store = store if store is not None else open_store(url, **(store_options or {}))
+        self.store = store if store is not None else _open(url, store_options)
         self._owns_store = store is None
         the_clock = clock or time.time
         config = EngineConfig(
@@ -436,15 +439,32 @@ class Orchestrator:
         return self.audit.dead_letters(run_id)
 
 
+def _open(url: str | None, options: dict[str, Any] | None) -> Store:
+    """``open_store(url, **options)``, a bad option said as the Orchestrator's (``store_options``)."""
+    options = dict(options or {})
+    known = set(inspect.signature(open_store).parameters) - {"url"}
+    unknown = sorted(map(str, set(options) - known))
+    if unknown:
+        raise ConfigurationError(f"store_options: unknown option(s) {', '.join(map(repr, unknown))}; known: "
+                                 f"{', '.join(sorted(known))}")
+    try:
+        return open_store(url, **options)
+    except StoreConfigError as exc:
+        if any(str(exc).startswith(name) for name in options):  # the option's own message, named as given
+            raise ConfigurationError(f"store_options: {exc}") from None
+        raise
+
+
 def _check_options(snapshot_every: Any, keep_snapshots: Any, lease_ttl: Any, heartbeat: Any) -> None:
     if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1:
         raise ConfigurationError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
     if isinstance(keep_snapshots, bool) or not isinstance(keep_snapshots, int) or keep_snapshots < 1:
         raise ConfigurationError(f"keep_snapshots must be an integer >= 1, got {keep_snapshots!r}")
-    if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
-        raise ConfigurationError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
+    # (finite: a lease that never expires could never be taken over, and NaN expires nowhere)
+    if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, (int, float)) or not 0 < lease_ttl < math.inf:
+        raise ConfigurationError(f"lease_ttl must be a positive, finite number of seconds, got {lease_ttl!r}")
     if heartbeat is not None:
-        if isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) or heartbeat <= 0:
-            raise ConfigurationError(f"heartbeat must be a positive number of seconds, got {heartbeat!r}")
+        if isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) or not 0 < heartbeat < math.inf:
+            raise ConfigurationError(f"heartbeat must be a positive, finite number of seconds, got {heartbeat!r}")
         if heartbeat >= lease_ttl:
             raise ConfigurationError(f"heartbeat ({heartbeat:g}s) must be shorter than lease_ttl ({lease_ttl:g}s)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ._api import Store
 from ._dialect import Dialect
 from ._sqlite import JOURNAL_MODES, SYNCHRONOUS, SQLiteDialect
@@ -52,8 +54,8 @@ def open_store(
     if not isinstance(create, bool):
         raise ConfigError(f"create must be True or False, not {create!r}")
     for option, value in (("busy_timeout", busy_timeout), ("retry_for", retry_for)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ConfigError(f"{option} must be a number of seconds >= 0, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ConfigError(f"{option} must be a finite number of seconds >= 0, not {value!r}")
     dialect: Dialect
     if kind == "sqlite":
         dialect = SQLiteDialect(url, parsed, synchronous=synchronous, journal_mode=journal_mode,

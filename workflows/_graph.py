@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -64,7 +65,7 @@ class Workflow:
             raise DefinitionError(
                 f"state must be a pydantic/SQLModel model class or None, got {state!r}", workflow=name
             )
-        if not isinstance(max_visits, int) or max_visits < 1:
+        if not isinstance(max_visits, int) or isinstance(max_visits, bool) or max_visits < 1:
             raise DefinitionError(f"max_visits must be an integer >= 1, got {max_visits!r}", workflow=name)
         if on_code_change not in ("journal", "refuse"):
             raise DefinitionError(f"on_code_change must be 'journal' or 'refuse', got {on_code_change!r}",
@@ -146,16 +147,23 @@ class Workflow:
                 raise DefinitionError(
                     f"step {step_name!r}: retry must be a Retry(...), got {retry!r}", workflow=self.name, step=step_name
                 )
-            if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                        or not math.isfinite(timeout) or timeout <= 0):
                 raise DefinitionError(
                     f"step {step_name!r}: timeout must be a positive number of seconds, got {timeout!r}",
                     workflow=self.name, step=step_name,
                 )
-            if max_visits is not None and (not isinstance(max_visits, int) or max_visits < 1):
+            if max_visits is not None and (not isinstance(max_visits, int) or isinstance(max_visits, bool)
+                                           or max_visits < 1):
                 raise DefinitionError(
                     f"step {step_name!r}: max_visits must be an integer >= 1, got {max_visits!r}",
                     workflow=self.name, step=step_name,
                 )
+            for flag, value, optional in (("start", start, False), ("durable_start", durable_start, False),
+                                          ("effect", effect, True), ("resend", resend, True)):
+                if not isinstance(value, bool) and not (optional and value is None):
+                    raise DefinitionError(f"step {step_name!r}: {flag} must be True or False, got {value!r}",
+                                          workflow=self.name, step=step_name)
             if (compensate is not None or check is not None) and not is_effect:
                 raise DefinitionError(
                     f"step {step_name!r}: effect=False contradicts compensate/check, which only an effect has "

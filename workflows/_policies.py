@@ -6,6 +6,7 @@ supplies the random number from its injected source, so a replay or a test sees 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -31,9 +32,17 @@ END: Final = _End()
 END_NAME: Final = "__end__"
 
 
+def _seconds(value: object) -> bool:
+    """A finite number (not a bool): NaN or infinity would reach the journal as a delay JSON cannot hold."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _exception_types(value: object, option: str) -> tuple[type[BaseException], ...]:
     if isinstance(value, type):
         value = (value,)
+    if isinstance(value, (str, bytes)):  # a name is not a type (and would be read letter by letter)
+        raise DefinitionError(f"Retry({option}=...) must be an exception type or a tuple of them, got {value!r}; "
+                              "pass the class itself")
     try:
         types = tuple(value)  # type: ignore[arg-type]
     except TypeError:
@@ -66,10 +75,10 @@ class Retry:
             raise DefinitionError(f"Retry(attempts={self.attempts!r}) must be an integer >= 1")
         for name in ("initial", "max_backoff", "jitter"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise DefinitionError(f"Retry({name}={value!r}) must be a number >= 0")
-        if not isinstance(self.multiplier, (int, float)) or self.multiplier < 1:
-            raise DefinitionError(f"Retry(multiplier={self.multiplier!r}) must be a number >= 1")
+            if not _seconds(value) or value < 0:
+                raise DefinitionError(f"Retry({name}={value!r}) must be a finite number >= 0")
+        if not _seconds(self.multiplier) or self.multiplier < 1:
+            raise DefinitionError(f"Retry(multiplier={self.multiplier!r}) must be a finite number >= 1")
         if self.max_backoff < self.initial:
             raise DefinitionError(
                 f"Retry(max_backoff={self.max_backoff!r}) must not be below initial={self.initial!r}"

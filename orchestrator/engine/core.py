@@ -457,11 +457,11 @@ class Engine:
 
     def signal(self, run_id: str, name: str, data: Any) -> None:
         """Send signal ``name`` to a run; a waiting run is woken (see ``Orchestrator.signal``)."""
+        if (problem := name_problem(name)) is not None:  # a bad argument, whatever the run
+            raise ValueError(f"a signal's name must be {problem}, got {_shown(name)}")
         rec = self.store.get_run(run_id)
         if rec.status in TERMINAL_STATUSES:
             raise RunStateError(f"run {run_id!r} is {rec.status}; it waits for no signal")
-        if (problem := name_problem(name)) is not None:
-            raise RunStateError(f"a signal's name must be {problem}, got {_shown(name)}")
         # Any name is accepted at any moment: a signal for a wait the run has not reached yet is kept
         # until a step waits for it (and then consumed exactly once).
         text = self.journal.redact(codec.dumps(data, what=f"data of signal {name!r}"))  # invariant 9

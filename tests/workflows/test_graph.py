@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import pytest
@@ -255,3 +256,40 @@ def test_an_input_that_does_not_fit_the_state_model_names_each_field_at_fault():
     with pytest.raises(InputError, match=r"workflow 'typed_input': input does not fit the state model Trip: "
                                          r"city: Field required; nights: Input should be a valid integer"):
         wf.initial_state({"nights": "many"})
+
+
+@pytest.mark.parametrize("options, said", [
+    ({"jitter": math.nan}, "Retry(jitter=nan) must be a finite number >= 0"),
+    ({"initial": math.nan}, "Retry(initial=nan) must be a finite number >= 0"),
+    ({"max_backoff": math.inf}, "Retry(max_backoff=inf) must be a finite number >= 0"),
+    ({"multiplier": math.nan}, "Retry(multiplier=nan) must be a finite number >= 1"),
+    ({"initial": True}, "Retry(initial=True) must be a finite number >= 0"),
+    ({"retry_on": "ValueError"}, "Retry(retry_on=...) must be an exception type or a tuple of them, got 'ValueError'"),
+])
+def test_a_retry_policy_that_could_not_be_journaled_or_waited_is_refused_naming_the_option(options, said):
+    # When a Retry is given NaN, infinity, a bool or a type's name / Then it is refused, naming the option
+    with pytest.raises(DefinitionError) as info:
+        Retry(**options)
+    assert said in str(info.value)
+
+
+@pytest.mark.parametrize("options, said", [
+    ({"timeout": math.nan}, "timeout must be a positive number of seconds, got nan"),
+    ({"timeout": math.inf}, "timeout must be a positive number of seconds, got inf"),
+    ({"timeout": True}, "timeout must be a positive number of seconds, got True"),
+    ({"max_visits": True}, "max_visits must be an integer >= 1, got True"),
+    ({"durable_start": "yes"}, "durable_start must be True or False, got 'yes'"),
+    ({"durable_start": 1}, "durable_start must be True or False, got 1"),
+    ({"resend": "no"}, "resend must be True or False, got 'no'"),
+])
+def test_a_step_option_of_the_wrong_kind_is_refused_naming_the_step_and_the_option(options, said):
+    wf = Workflow("opts")
+    # When a step is declared with it / Then it is refused, naming the step and the option
+    with pytest.raises(DefinitionError) as info:
+        wf.step(name="a", **options)(lambda ctx, state: {})
+    assert f"step 'a': {said}" in str(info.value)
+
+
+def test_a_workflow_max_visits_of_true_is_refused():
+    with pytest.raises(DefinitionError, match="max_visits must be an integer >= 1, got True"):
+        Workflow("w", max_visits=True)
