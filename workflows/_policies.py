@@ -71,6 +71,13 @@ class Retry:
     give_up_on: tuple[type[BaseException], ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if self.jitter is False:  # "no jitter", as a flag
+            object.__setattr__(self, "jitter", 0.0)
+        elif self.jitter is True:
+            raise DefinitionError(
+                "Retry(jitter=True) says no amount: give the most seconds of jitter to add, "
+                "e.g. jitter=0.25 (or jitter=False for none)"
+            )
         if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
             raise DefinitionError(f"Retry(attempts={self.attempts!r}) must be an integer >= 1")
         for name in ("initial", "max_backoff", "jitter"):

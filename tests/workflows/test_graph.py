@@ -265,12 +265,21 @@ def test_an_input_that_does_not_fit_the_state_model_names_each_field_at_fault():
     ({"multiplier": math.nan}, "Retry(multiplier=nan) must be a finite number >= 1"),
     ({"initial": True}, "Retry(initial=True) must be a finite number >= 0"),
     ({"retry_on": "ValueError"}, "Retry(retry_on=...) must be an exception type or a tuple of them, got 'ValueError'"),
+    ({"jitter": True}, "Retry(jitter=True) says no amount"),
 ])
 def test_a_retry_policy_that_could_not_be_journaled_or_waited_is_refused_naming_the_option(options, said):
     # When a Retry is given NaN, infinity, a bool or a type's name / Then it is refused, naming the option
     with pytest.raises(DefinitionError) as info:
         Retry(**options)
     assert said in str(info.value)
+
+
+def test_jitter_false_means_no_jitter():
+    # When a Retry is given jitter=False / Then it waits exactly its backoff, journaled as 0.0
+    policy = Retry(attempts=3, initial=1, jitter=False)
+    assert policy.jitter == 0.0
+    assert policy.backoff(2, 0.99) == 2.0
+    assert policy.describe()["jitter"] == 0.0
 
 
 @pytest.mark.parametrize("options, said", [
