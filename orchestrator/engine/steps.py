@@ -128,14 +128,16 @@ class StepRunner:
         key = idempotency_key(run, name)  # every step has one (docs/sagas.md); effects journal it
         failure = folded.routed_errors.get(name)
         compensable = step.effect and _has_compensation(step, self.compensations)
+        due = folded.retry_at.get(name)
+        if due is not None and due > self.clock():
+            # A backoff journaled before a crash (a server's Retry-After included) still holds, for
+            # the settling of an attempt in doubt too: it is the next attempt's first act, as it is
+            # without a crash (a check hook asked at once could find the service still acting).
+            await self.sleep(due - self.clock())
         if step.effect and name in folded.in_flight:
             # Invariant 4: the intent is journaled but not the outcome. Never a blind duplicate.
             if await self.reconcile(run, name, key):
                 return
-        due = folded.retry_at.get(name)
-        if due is not None and due > self.clock():
-            # A backoff journaled before a crash (a server's Retry-After included) still holds.
-            await self.sleep(due - self.clock())
         execution = _Execution(self, run, name, tick, prior, key, input_ref, failure, compensable, offload)
         try:
             result = await attempts(execution.attempt_once, step.retry, prior=prior, rng=self.rng, sleep=self.sleep,

@@ -466,3 +466,42 @@ def test_a_key_that_left_the_process_stays_known_across_a_second_crash_and_acros
     result = orc_factory(wf).resume("k4")
     assert result.status == "completed", result.error
     assert sent_keys == ["k4:charge:0", "k4:charge:0"]
+
+
+def test_after_a_crash_in_the_backoff_of_a_timed_out_effect_its_check_hook_waits_for_the_backoff(db_url, fake_time):
+    # Given an effect step whose first attempt overran its timeout (in doubt), with a 30 s backoff
+    # journaled, and whose process died while waiting it out
+    from orchestrator import Orchestrator
+
+    release = threading.Event()
+    asked: list[float] = []
+    wf = Workflow("timed-charge")
+
+    def charged(ctx, state):
+        asked.append(fake_time.clock())
+        return {"charged": True}
+
+    @wf.step(start=True, effect=True, timeout=0.05, check=charged, retry=Retry(attempts=3, initial=30, jitter=0))
+    def charge(ctx, state):
+        release.wait(60)  # blocked past its timeout: given up on, in doubt
+        return {"charged": True}
+
+    wf.edge("charge", END)
+
+    async def dies_in_the_backoff(seconds: float) -> None:
+        raise Died
+
+    try:
+        with pytest.raises(Died), Orchestrator(db_url, workflows=[wf], clock=fake_time.clock,
+                                               sleep=dies_in_the_backoff) as orc:
+            orc.run(wf, {}, run_id="t1")
+    finally:
+        release.set()
+    # When the run is resumed at once in a new process
+    with Orchestrator(db_url, workflows=[wf], clock=fake_time.clock, sleep=fake_time.sleep) as orc:
+        [failed] = [e["data"] for e in orc.history("t1") if e["kind"] == "StepFailed"]
+        result = orc.resume("t1")
+    # Then the check hook that settles the attempt in doubt was asked once the backoff was over, as
+    # without the crash (asked at once, it could find a service still acting on the request)
+    assert result.status == "completed", result.error
+    assert asked == [pytest.approx(failed["retry_at"], abs=1e-3)] and asked[0] >= failed["retry_at"] - 1e-3
